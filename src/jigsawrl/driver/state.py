@@ -1,0 +1,153 @@
+"""The driver's bookkeeping (a *State*, owned by the driver) and the read-only *View* it builds.
+
+The state tracks what a real single controller can know: which stages of which step are done,
+what runs where with which share and memory, and the observed token counts of finished rollouts.
+It enforces the pool's invariants on every action — no device over its memory, no device's
+compute shares summing above 1 — so a policy bug fails loudly instead of producing a number.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from jigsawrl.scheduler.base import (
+    ROLLOUT,
+    DeviceView,
+    PipelineView,
+    RunningTask,
+    StepObservation,
+    View,
+)
+from jigsawrl.workload.resolve import Experiment, ResolvedPipeline
+
+EPS = 1e-9
+
+
+class InvariantError(RuntimeError):
+    """A policy asked for something the pool cannot do (memory or share over capacity)."""
+
+
+@dataclass(slots=True)
+class PipelineState:
+    res: ResolvedPipeline
+    done: dict[int, set[str]] = field(default_factory=dict)
+    steps_completed: int = 0
+    running: dict[str, RunningTask] = field(default_factory=dict)
+    history: list[StepObservation] = field(default_factory=list)
+    step_start_s: dict[int, float] = field(default_factory=dict)
+    stage_s: dict[int, dict[str, float]] = field(default_factory=dict)
+    unfinished: dict[str, list[int]] = field(default_factory=dict)  # rollout tid -> per rank
+    failed: str | None = None
+
+    def view(self) -> PipelineView:
+        running = tuple(
+            RunningTask(t.task_id, t.pipeline, t.step, t.stage, t.devices, t.share, t.start_s,
+                        tuple(self.unfinished.get(t.task_id, ())))
+            for t in self.running.values())
+        done = MappingProxyType({k: frozenset(v) for k, v in self.done.items()})
+        return PipelineView(self.res.spec.name, self.res.index, self.res.spec, self.res.model,
+                            done, self.steps_completed, running, tuple(self.history),
+                            self.failed is not None)
+
+
+@dataclass(slots=True)
+class DeviceState:
+    index: int
+    node: int
+    capacity: float
+    resident: dict[str, float] = field(default_factory=dict)  # pipeline -> bytes
+    working: dict[str, float] = field(default_factory=dict)  # task id -> bytes
+    shares: dict[str, float] = field(default_factory=dict)  # task id -> compute share
+
+    @property
+    def used(self) -> float:
+        return sum(self.resident.values()) + sum(self.working.values())
+
+    @property
+    def share_used(self) -> float:
+        return sum(self.shares.values())
+
+    def view(self) -> DeviceView:
+        return DeviceView(self.index, self.node, self.capacity, self.used, self.share_used,
+                          tuple(self.shares), MappingProxyType(dict(self.resident)))
+
+
+class DriverState:
+    """All pipelines and devices; builds views and checks invariants."""
+
+    def __init__(self, exp: Experiment) -> None:
+        self.exp = exp
+        self.pipes = {p.spec.name: PipelineState(p) for p in exp.pipelines}
+        per = exp.config.cluster.accelerators_per_node
+        self.devices = [DeviceState(i, i // per, exp.accelerator.hbm_bytes)
+                        for i in range(exp.num_devices)]
+
+    def view(self, now_s: float, cost: object) -> View:
+        return View(now_s, tuple(p.view() for p in self.pipes.values()),
+                    tuple(d.view() for d in self.devices), self.exp.accelerator,
+                    self.exp.config.cluster.accelerators_per_node, cost)
+
+    @property
+    def all_finished(self) -> bool:
+        return all(p.failed or p.steps_completed >= p.res.spec.steps for p in self.pipes.values())
+
+    # ------------------------------------------------------------------ resources
+    def set_resident(self, pipeline: str, devices: tuple[int, ...], nbytes: float) -> None:
+        for d in devices:
+            dev = self._device(d)
+            old = dev.resident.pop(pipeline, 0.0)
+            if nbytes > 0:
+                dev.resident[pipeline] = nbytes
+            if dev.used > dev.capacity * (1 + EPS):
+                dev.resident[pipeline] = old
+                raise InvariantError(
+                    f"device {d}: {pipeline} state of {nbytes / 1e9:.1f} GB exceeds memory "
+                    f"({dev.used / 1e9:.1f} of {dev.capacity / 1e9:.1f} GB)")
+
+    def acquire(self, tid: str, devices: tuple[int, ...], share: float, mem: float) -> None:
+        if not 0 < share <= 1 + EPS:
+            raise InvariantError(f"{tid}: compute share {share} is not in (0, 1]")
+        for d in devices:
+            dev = self._device(d)
+            if tid in dev.shares:
+                raise InvariantError(f"{tid} already runs on device {d}")
+            if dev.share_used + share > 1 + EPS:
+                raise InvariantError(f"device {d}: share {share} for {tid} on top of "
+                                     f"{dev.share_used:.2f} held by {sorted(dev.shares)}")
+            if dev.used + mem > dev.capacity * (1 + EPS):
+                raise InvariantError(
+                    f"device {d}: {tid} needs {mem / 1e9:.1f} GB, {dev.used / 1e9:.1f} of "
+                    f"{dev.capacity / 1e9:.1f} GB in use")
+        for d in devices:
+            self.devices[d].shares[tid] = share
+            self.devices[d].working[tid] = mem
+
+    def reshare(self, tid: str, share: float) -> None:
+        devs = [d for d in self.devices if tid in d.shares]
+        for dev in devs:
+            if dev.share_used - dev.shares[tid] + share > 1 + EPS:
+                raise InvariantError(f"device {dev.index}: share {share} for {tid} over capacity")
+        for dev in devs:
+            dev.shares[tid] = share
+
+    def release(self, tid: str) -> None:
+        for dev in self.devices:
+            dev.shares.pop(tid, None)
+            dev.working.pop(tid, None)
+
+    def _device(self, d: int) -> DeviceState:
+        if not 0 <= d < len(self.devices):
+            raise InvariantError(f"device {d} does not exist (cluster has {len(self.devices)})")
+        return self.devices[d]
+
+    # ------------------------------------------------------------------ progress
+    def observe_rollout(self, name: str, step: int, prompt: tuple[int, ...],
+                        resp: tuple[int, ...]) -> None:
+        ps = self.pipes[name]
+        ps.history.append(StepObservation(step, prompt, resp,
+                                          MappingProxyType(ps.stage_s.get(step, {}))))
+        del ps.history[:-8]  # keep the recent steps only (prediction uses the last few)
+
+    def is_rollout(self, stage: str) -> bool:
+        return stage == ROLLOUT

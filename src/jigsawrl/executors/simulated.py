@@ -1,0 +1,335 @@
+"""The simulated executor: runs the policy's tasks on a virtual cluster with an event clock.
+
+It owns the *truth*: request lengths sampled per step (seeded) and a cost model with seeded noise.
+The driver and the policy never see either; they get :mod:`jigsawrl.driver.protocol`
+notifications (task done with observed token counts, rank progress) and the executor writes
+metric records (:mod:`jigsawrl.events`).
+
+Rollouts run as :class:`~jigsawrl.sim.rollout.RolloutInstance` objects (one per DP rank); other
+stages are *compute works* whose remaining work is tracked in full-share seconds and progresses at
+``1 / slowdown(stage, share)`` — so a share change mid-run reschedules the completion exactly.
+Consecutive segments of the same sub-stage and share on one rank merge into one span, which keeps
+traces small without losing band changes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from jigsawrl.driver.protocol import Notification, RankProgress, TaskDone
+from jigsawrl.events import Event, SampleFinished, Span
+from jigsawrl.scheduler.base import ROLLOUT, SetShare, StartRollout, StartStage, task_id
+from jigsawrl.sim.kernel import PRIO_ARRIVAL, PRIO_FINISH, Entry, EventQueue
+from jigsawrl.sim.rollout import ReqRun, RolloutInstance, Segment
+from jigsawrl.workload.requests import RequestTruth
+from jigsawrl.workload.resolve import Experiment, ResolvedPipeline
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _OpenSpan:
+    stage: str
+    start_s: float
+    share: float
+    flops: float = 0.0
+    tokens: int = 0
+
+
+@dataclass(slots=True, eq=False)
+class _Rank:
+    inst: RolloutInstance
+    devices: tuple[int, ...]
+    share: float
+    seg: Segment | None = None
+    entry: Entry | None = None
+    open: _OpenSpan | None = None
+    last_unfinished: int = -1
+
+
+@dataclass(slots=True, eq=False)
+class _RolloutTask:
+    tid: str
+    pipe: ResolvedPipeline
+    step: int
+    ranks: list[_Rank]
+    samples: list[ReqRun] = field(default_factory=list)
+
+
+@dataclass(slots=True, eq=False)
+class _Work:
+    tid: str
+    pipe: ResolvedPipeline
+    step: int
+    stage: str
+    devices: tuple[int, ...]
+    share: float
+    remaining_full_s: float  # work left, in seconds at share 1.0
+    since_s: float  # time of the last progress update
+    flops: float
+    tokens: int
+    total_full_s: float = 0.0
+    slowdown: float = 1.0
+    entry: Entry | None = None
+    span_start_s: float = 0.0
+    done_frac: float = 0.0
+
+
+class SimulatedExecutor:
+    """Event-driven executor over the truth model; see the module docstring."""
+
+    def __init__(self, exp: Experiment, *, truth_cost: object, seed: int) -> None:
+        self.exp = exp
+        self.cost = truth_cost
+        self.seed = seed
+        self.q = EventQueue()
+        self._rollouts: dict[str, _RolloutTask] = {}
+        self._works: dict[str, _Work] = {}
+        self._events: list[Event] = []
+        self._notes: list[Notification] = []
+        self._step_samples: dict[tuple[str, int], list[RequestTruth]] = {}
+        self._step_tokens: dict[tuple[str, int], tuple[int, int, int]] = {}
+
+    # ------------------------------------------------------------------ protocol
+    @property
+    def now_s(self) -> float:
+        return self.q.now_s
+
+    def start(self) -> None:
+        log.debug("simulated executor started (seed %d)", self.seed)
+
+    def close(self) -> None:
+        pass
+
+    def busy(self) -> bool:
+        return bool(self._rollouts or self._works)
+
+    def drain_events(self) -> list[Event]:
+        out, self._events = self._events, []
+        return out
+
+    def launch(self, action: StartRollout | StartStage) -> None:
+        if isinstance(action, StartRollout):
+            self._launch_rollout(action)
+        else:
+            self._launch_work(action)
+
+    def set_share(self, action: SetShare) -> None:
+        if action.task_id in self._works:
+            self._rescale_work(self._works[action.task_id], action.share)
+        elif action.task_id in self._rollouts:
+            for rank in self._rollouts[action.task_id].ranks:
+                self._rescale_rank(self._rollouts[action.task_id], rank, action.share)
+        else:
+            raise KeyError(f"set_share: no running task {action.task_id!r}")
+
+    def advance(self) -> list[Notification]:
+        handlers: dict[str, Callable[..., None]] = {
+            "seg": self._on_segment_end, "tool": self._on_tool_return, "work": self._on_work_end,
+        }
+        while not self._notes:
+            entry = self.q.pop()
+            if entry is None:
+                break
+            kind, *args = entry.payload
+            handlers[kind](*args)
+        out, self._notes = self._notes, []
+        return out
+
+    # ------------------------------------------------------------------ truth
+    def step_requests(self, pipe: ResolvedPipeline, step: int) -> list[RequestTruth]:
+        """The true requests of a step, sampled once from a seed derived from structure."""
+        key = (pipe.spec.name, step)
+        if key not in self._step_samples:
+            rng = np.random.default_rng([self.seed, pipe.index, step])
+            self._step_samples[key] = pipe.sampler.sample_step(
+                rng, pipe.spec.name, step, pipe.spec.batch_size)
+        return self._step_samples[key]
+
+    # ------------------------------------------------------------------ rollout
+    def _launch_rollout(self, a: StartRollout) -> None:
+        pipe = self.exp.pipeline(a.pipeline)
+        tid = task_id(a.pipeline, a.step, ROLLOUT)
+        n_ranks = len(a.devices) // a.tp
+        if n_ranks < 1:
+            raise ValueError(f"{tid}: {len(a.devices)} devices cannot host TP={a.tp}")
+        kv_tokens = self.cost.kv_budget_tokens(pipe.model, a.tp, a.kv_mem_bytes)
+        reqs = self.step_requests(pipe, a.step)
+        task = _RolloutTask(tid, pipe, a.step, [])
+        for r in range(n_ranks):
+            inst = RolloutInstance(f"{tid}/{r}", pipe.model, a.tp, self.cost,
+                                   kv_budget_tokens=max(1, kv_tokens))
+            # verl dispatch: contiguous equal chunks of the batch (group members stay together)
+            lo, hi = len(reqs) * r // n_ranks, len(reqs) * (r + 1) // n_ranks
+            inst.add(reqs[lo:hi])
+            task.ranks.append(_Rank(inst, a.devices[r * a.tp:(r + 1) * a.tp], a.share))
+        self._rollouts[tid] = task
+        for rank in task.ranks:
+            self._plan_rank(task, rank)
+
+    def _plan_rank(self, task: _RolloutTask, rank: _Rank) -> None:
+        now = self.q.now_s
+        seg = rank.inst.next_segment(now, rank.share)
+        rank.seg = seg
+        if seg is not None:
+            self._extend_span(task, rank, seg.kind, now, seg.share, seg.flops, seg.tokens)
+            rank.entry = self.q.schedule(now + seg.duration_s, ("seg", task, rank), PRIO_FINISH)
+        elif rank.inst.tool_waiting:
+            self._extend_span(task, rank, "tool_wait", now, rank.share, 0.0, 0)
+        else:
+            self._close_span(task, rank, now)
+        self._report_progress(task, rank)
+        if seg is None and all(rk.inst.done for rk in task.ranks):
+            self._finish_rollout(task)
+
+    def _on_segment_end(self, task: _RolloutTask, rank: _Rank) -> None:
+        seg = rank.seg
+        assert seg is not None
+        rank.entry, rank.seg = None, None
+        self._apply_result(task, rank, rank.inst.finish_segment(seg))
+        self._plan_rank(task, rank)
+
+    def _apply_result(self, task: _RolloutTask, rank: _Rank, res: object) -> None:
+        now = self.q.now_s
+        for r in res.finished:
+            task.samples.append(r)
+            self._events.append(SampleFinished(
+                task.pipe.spec.name, task.step, r.truth.sample_id, now, r.truth.prompt_tokens,
+                r.truth.response_tokens, len(r.truth.turns), task.step))
+        for r in res.tool_calls:
+            lat = r.truth.turns[r.turn - 1].tool_latency_s
+            self.q.schedule(now + lat, ("tool", task, rank, r), PRIO_ARRIVAL)
+
+    def _on_tool_return(self, task: _RolloutTask, rank: _Rank, req: ReqRun) -> None:
+        rank.inst.tool_returned(req)
+        if rank.seg is None:
+            self._plan_rank(task, rank)
+        elif rank.seg.iters:  # decoding: the new request joins at the next iteration
+            self._interrupt(task, rank)
+            self._plan_rank(task, rank)
+        # during a prefill the request waits in the queue until the prefill ends
+
+    def _interrupt(self, task: _RolloutTask, rank: _Rank) -> None:
+        self.q.cancel(rank.entry)
+        seg = rank.seg
+        assert seg is not None
+        res, ran = rank.inst.interrupt(seg, self.q.now_s)
+        if rank.open is not None:  # replace the planned work of this segment by what ran
+            rank.open.flops += ran.flops - seg.flops
+            rank.open.tokens += ran.tokens - seg.tokens
+        rank.entry, rank.seg = None, None
+        self._apply_result(task, rank, res)
+
+    def _rescale_rank(self, task: _RolloutTask, rank: _Rank, share: float) -> None:
+        if rank.seg is not None and rank.seg.iters:
+            self._interrupt(task, rank)
+            rank.share = share
+            self._plan_rank(task, rank)
+        else:  # prefill or idle: the new share applies from the next segment
+            rank.share = share
+
+    def _report_progress(self, task: _RolloutTask, rank: _Rank) -> None:
+        n = rank.inst.unfinished
+        if n != rank.last_unfinished:
+            rank.last_unfinished = n
+            band = rank.seg.kind if rank.seg is not None else ("tool_wait" if n else "done")
+            idx = task.ranks.index(rank)
+            self._notes.append(RankProgress(task.tid, idx, n, band, self.q.now_s))
+
+    def _finish_rollout(self, task: _RolloutTask) -> None:
+        del self._rollouts[task.tid]
+        samples = sorted(task.samples, key=lambda r: r.truth.sample_id)
+        prompt = tuple(r.truth.prompt_tokens for r in samples)
+        resp = tuple(r.truth.response_tokens for r in samples)
+        self._step_tokens[(task.pipe.spec.name, task.step)] = (
+            sum(prompt) + sum(resp), len(samples), sum(resp))
+        self._notes.append(TaskDone(task.tid, task.pipe.spec.name, task.step, ROLLOUT,
+                                    self.q.now_s, prompt, resp))
+
+    # ------------------------------------------------------------------ spans
+    def _extend_span(self, task: _RolloutTask, rank: _Rank, stage: str, now: float, share: float,
+                     flops: float, tokens: int) -> None:
+        op = rank.open
+        if op is None or op.stage != stage or op.share != share:
+            self._close_span(task, rank, now)
+            op = rank.open = _OpenSpan(stage, now, share)
+        op.flops += flops
+        op.tokens += tokens
+
+    def _close_span(self, task: _RolloutTask, rank: _Rank, now: float) -> None:
+        op = rank.open
+        if op is None:
+            return
+        rank.open = None
+        if now > op.start_s:
+            self._events.append(Span(task.pipe.spec.name, task.step, op.stage,
+                                     task.ranks.index(rank), rank.devices, op.start_s, now,
+                                     op.share, op.flops, op.tokens))
+
+    # ------------------------------------------------------------------ compute stages
+    def _launch_work(self, a: StartStage) -> None:
+        pipe = self.exp.pipeline(a.pipeline)
+        tid = task_id(a.pipeline, a.step, a.stage)
+        full_s, flops, tokens = self._stage_cost(pipe, a.step, a.stage, len(a.devices))
+        w = _Work(tid, pipe, a.step, a.stage, a.devices, a.share, full_s, self.q.now_s, flops,
+                  tokens, total_full_s=full_s, span_start_s=self.q.now_s)
+        self._works[tid] = w
+        self._schedule_work(w)
+
+    def _stage_cost(self, pipe: ResolvedPipeline, step: int, stage: str,
+                    n: int) -> tuple[float, float, int]:
+        """True full-share seconds, FLOPs and tokens of a post-rollout stage."""
+        c, m = self.cost, pipe.model
+        tokens, samples, _ = self._step_tokens.get((pipe.spec.name, step), (0, 0, 0))
+        if stage == "reward":
+            return c.reward_time_s(samples), 0.0, 0
+        if stage in ("old_logprob", "ref_logprob"):
+            return c.logprob_time_s(m, n, tokens), c.logprob_flops(m, tokens), tokens
+        if stage == "actor_update":
+            epochs = pipe.spec.train.ppo_epochs
+            return (epochs * c.train_time_s(m, n, tokens), epochs * c.train_flops(m, tokens),
+                    tokens)
+        if stage == "weight_sync":
+            return c.weight_sync_time_s(m, n, pipe.spec.rollout_tp), 0.0, 0
+        if stage in ("offload", "onload"):
+            return c.host_transfer_time_s(c.train_state_bytes(m, n) * n, n), 0.0, 0
+        raise ValueError(f"unknown stage {stage!r}")
+
+    def _schedule_work(self, w: _Work) -> None:
+        w.slowdown = self.cost.slowdown(w.stage, w.share, model=w.pipe.model)
+        w.since_s = self.q.now_s
+        w.entry = self.q.schedule(self.q.now_s + w.remaining_full_s * w.slowdown,
+                                  ("work", w), PRIO_FINISH)
+
+    def _progress_work(self, w: _Work) -> None:
+        now = self.q.now_s
+        w.remaining_full_s = max(0.0, w.remaining_full_s - (now - w.since_s) / w.slowdown)
+        w.since_s = now
+
+    def _rescale_work(self, w: _Work, share: float) -> None:
+        self.q.cancel(w.entry)
+        self._progress_work(w)
+        self._emit_work_span(w, self.q.now_s)
+        w.share = share
+        self._schedule_work(w)
+
+    def _emit_work_span(self, w: _Work, end_s: float) -> None:
+        total = w.total_full_s
+        frac = 1.0 if total <= 0 else 1.0 - w.remaining_full_s / total
+        part = frac - w.done_frac
+        w.done_frac = frac
+        if end_s > w.span_start_s:
+            self._events.append(Span(w.pipe.spec.name, w.step, w.stage, 0, w.devices,
+                                     w.span_start_s, end_s, w.share, w.flops * part,
+                                     int(w.tokens * part)))
+        w.span_start_s = end_s
+
+    def _on_work_end(self, w: _Work) -> None:
+        w.remaining_full_s = 0.0
+        self._emit_work_span(w, self.q.now_s)
+        del self._works[w.tid]
+        self._notes.append(TaskDone(w.tid, w.pipe.spec.name, w.step, w.stage, self.q.now_s))

@@ -1,0 +1,121 @@
+"""Wires a config into a simulation: resolve presets, build policy + executor, run, summarise.
+
+This is the library entry point behind ``jigsawrl simulate`` / ``compare``. It also computes the
+reference each pipeline is compared with — its mean step latency when it runs *alone* on the whole
+pool under ``verl`` (same seed) — and, for ``verl`` itself, runs both placements a verl user would
+choose between and keeps the better (DESIGN.md §6: never report a weakened baseline).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from jigsawrl.config import ExperimentConfig
+from jigsawrl.costmodel import CostModel
+from jigsawrl.driver.loop import Driver, DriverResult
+from jigsawrl.events import Event, StepFinished
+from jigsawrl.executors.simulated import SimulatedExecutor
+from jigsawrl.metrics.summary import RunInfo, summarize
+from jigsawrl.scheduler import get_policy
+from jigsawrl.workload.resolve import Experiment, resolve
+
+log = logging.getLogger(__name__)
+
+# Multiplicative lognormal noise of the truth model's durations (run-to-run jitter of real
+# kernels and collectives); the belief model used by policies is noise-free.
+TRUTH_NOISE_SIGMA = 0.05
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass(slots=True)
+class SimRun:
+    """One simulated run: its events, summary and what produced it."""
+
+    policy: str
+    seed: int
+    events: list[Event]
+    summary: dict[str, Any]
+    info: RunInfo
+    decision_times_s: list[float] = field(default_factory=list)
+    variant: str | None = None
+
+
+def run_once(exp: Experiment, policy: Any, seed: int, *,
+             progress: Progress | None = None) -> DriverResult:
+    """Run ``policy`` on ``exp`` once on the simulated executor."""
+    truth = CostModel(exp.accelerator, noise_sigma=TRUTH_NOISE_SIGMA, seed=seed)
+    belief = CostModel(exp.accelerator)
+    executor = SimulatedExecutor(exp, truth_cost=truth, seed=seed)
+    return Driver(exp, policy, executor, belief, on_progress=progress).run()
+
+
+def simulate(cfg: ExperimentConfig, *, policy: str | None = None, seed: int | None = None,
+             solo: bool = True, progress: Progress | None = None) -> SimRun:
+    """Simulate ``cfg`` under ``policy`` (default: ``cfg.scheduler``).
+
+    Raises:
+        ConfigError: unknown presets/policy, infeasible config.
+    """
+    exp = resolve(cfg)
+    seed = cfg.seed if seed is None else seed
+    name = policy or cfg.scheduler.name
+    params = cfg.scheduler.params if name == cfg.scheduler.name else {}
+    pol = get_policy(name, params)
+    variants = pol.variants() if hasattr(pol, "variants") else [pol]
+    best: tuple[float, str, DriverResult] | None = None
+    for v in variants:
+        res = run_once(exp, v, seed, progress=progress)
+        tput = _throughput(res)
+        log.info("%s: %.1f tokens/s", v.name, tput)
+        if best is None or tput > best[0]:
+            best = (tput, v.name, res)
+    assert best is not None
+    _, vname, res = best
+    info = run_info(cfg, exp, name, seed, solo_latencies(cfg, seed) if solo else None)
+    summary = summarize(res.events, info)
+    if len(variants) > 1:
+        summary["variant"] = vname
+    summary["scheduler_decision_ms_p99"] = _p99_ms(res.decision_times_s)
+    return SimRun(name, seed, res.events, summary, info, res.decision_times_s,
+                  vname if len(variants) > 1 else None)
+
+
+def run_info(cfg: ExperimentConfig, exp: Experiment, policy: str, seed: int,
+             solo: dict[str, float] | None) -> RunInfo:
+    return RunInfo(
+        name=cfg.name or "run", policy=policy, seed=seed, num_devices=exp.num_devices,
+        accelerator=exp.accelerator.name, peak_flops_per_device=exp.accelerator.peak_flops,
+        price_per_device_hour_usd=exp.price_per_hour,
+        pipelines=tuple(p.spec.name for p in exp.pipelines), solo_step_latency_s=solo)
+
+
+def solo_latencies(cfg: ExperimentConfig, seed: int) -> dict[str, float]:
+    """Each pipeline's mean step latency when it runs alone on the whole pool under verl."""
+    out: dict[str, float] = {}
+    for p in cfg.pipelines:
+        alone = cfg.model_copy(update={"pipelines": [p.model_copy(update={"num_devices": None,
+                                                                          "start_s": 0.0})]})
+        exp = resolve(alone)
+        res = run_once(exp, get_policy("verl-split"), seed)
+        lat = [e.end_s - e.start_s for e in res.events if isinstance(e, StepFinished)]
+        out[p.name] = sum(lat) / len(lat) if lat else float("nan")
+    return out
+
+
+def _throughput(res: DriverResult) -> float:
+    from jigsawrl.events import SampleFinished
+
+    tokens = sum(e.prompt_tokens + e.response_tokens for e in res.events
+                 if isinstance(e, SampleFinished))
+    return tokens / res.makespan_s if res.makespan_s > 0 else 0.0
+
+
+def _p99_ms(times_s: list[float]) -> float | None:
+    if not times_s:
+        return None
+    s = sorted(times_s)
+    return 1000.0 * s[min(len(s) - 1, int(0.99 * len(s)))]

@@ -1,0 +1,220 @@
+"""The scheduler contract: a policy reads a read-only :class:`View` and returns a :class:`Decision`.
+
+Policies are pure (DESIGN.md §3): no I/O, no clock, no knowledge of which executor runs. They see
+what a real system could observe — finished samples' lengths, running-request counts per rank,
+stage durations so far — and a *belief* cost model, never the simulator's sampled truth.
+
+Actions:
+  - :class:`StartRollout` — run a pipeline's rollout of one step on a set of devices
+    (``len(devices) // tp`` data-parallel engine instances), at a compute share, with a KV-cache
+    memory reservation per device;
+  - :class:`StartStage` — run one post-rollout stage (reward, log-probs, update, weight sync,
+    offload/onload) on a set of devices, at a compute share, with working memory per device;
+  - :class:`SetShare` — change the compute share of a running task.
+
+A new policy is one module with a class decorated by :func:`register_policy`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from jigsawrl.config import PipelineSpec
+from jigsawrl.errors import ConfigError
+from jigsawrl.workload.accelerators import AcceleratorSpec
+from jigsawrl.workload.models import ModelSpec
+
+ROLLOUT = "rollout"
+
+
+def stage_sequence(spec: PipelineSpec) -> tuple[str, ...]:
+    """The stages of one step in order (verl's order: gen, reward, old, ref, update, sync)."""
+    ref = ("ref_logprob",) if spec.use_ref else ()
+    return (ROLLOUT, "reward", "old_logprob", *ref, "actor_update", "weight_sync")
+
+
+def task_id(pipeline: str, step: int, stage: str) -> str:
+    """IDs derive from structure (DESIGN.md §5)."""
+    return f"{pipeline}/{step}/{stage}"
+
+
+# ---------------------------------------------------------------------------- actions
+
+@dataclass(frozen=True, slots=True)
+class StartRollout:
+    pipeline: str
+    step: int
+    devices: tuple[int, ...]
+    tp: int = 1
+    share: float = 1.0
+    kv_mem_bytes: float = 0.0  # per device, reserved for the KV cache while the rollout runs
+
+
+@dataclass(frozen=True, slots=True)
+class StartStage:
+    pipeline: str
+    step: int
+    stage: str
+    devices: tuple[int, ...]
+    share: float = 1.0
+    mem_bytes: float = 0.0  # per device working memory (activations) while it runs
+
+
+@dataclass(frozen=True, slots=True)
+class SetShare:
+    task_id: str
+    share: float
+
+
+@dataclass(frozen=True, slots=True)
+class SetResident:
+    """Declare a pipeline's persistent state (train state, reference weights) on devices.
+
+    Bookkeeping for the memory invariant: ``bytes_per_device`` replaces the pipeline's previous
+    residency on those devices (0 frees it). Moving state costs time only through explicit
+    ``offload`` / ``onload`` stages.
+    """
+
+    pipeline: str
+    devices: tuple[int, ...]
+    bytes_per_device: float
+
+
+Action = StartRollout | StartStage | SetShare | SetResident
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    actions: tuple[Action, ...] = ()
+
+
+# ---------------------------------------------------------------------------- view
+
+@dataclass(frozen=True, slots=True)
+class StepObservation:
+    """What was observed of one finished rollout: per-sample prompt and response tokens."""
+
+    step: int
+    prompt_tokens: tuple[int, ...]
+    response_tokens: tuple[int, ...]
+    stage_durations_s: Mapping[str, float]
+
+
+@dataclass(frozen=True, slots=True)
+class RunningTask:
+    task_id: str
+    pipeline: str
+    step: int
+    stage: str
+    devices: tuple[int, ...]
+    share: float
+    start_s: float
+    unfinished_per_rank: tuple[int, ...] = ()  # rollout only: requests not yet finished per rank
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineView:
+    name: str
+    index: int
+    spec: PipelineSpec
+    model: ModelSpec
+    done: Mapping[int, frozenset[str]]  # step -> completed stages (steps in flight only)
+    steps_completed: int  # steps whose weight sync is done
+    running: tuple[RunningTask, ...]
+    history: tuple[StepObservation, ...]
+    failed: bool = False
+
+    @property
+    def finished(self) -> bool:
+        return self.failed or self.steps_completed >= self.spec.steps
+
+    def ready(self, force_sync: bool = False) -> list[tuple[int, str]]:
+        """(step, stage) pairs whose dependencies are met and that are not running or done.
+
+        Sync: rollout of step k needs weight sync of k-1. Async with staleness η: rollout of step
+        k needs weight sync of step k-1-η (AReaL's bound in model versions). Post-rollout stages of
+        step k run in order after that step's rollout, and training is sequential across steps.
+        """
+        if self.finished:
+            return []
+        seq = stage_sequence(self.spec)
+        running = {(t.step, t.stage) for t in self.running}
+        out: list[tuple[int, str]] = []
+        is_async = self.spec.mode == "async" and not force_sync
+        eta = self.spec.max_staleness if is_async else 0
+        first = self.steps_completed
+        for step in range(first, min(self.spec.steps, first + eta + 1)):
+            done = self.done.get(step, frozenset())
+            nxt = next((s for s in seq if s not in done), None)
+            if nxt is None or (step, nxt) in running:
+                continue
+            # Rollout of ``step`` needs the weights of step - 1 - eta: guaranteed by the range.
+            if nxt != ROLLOUT and step > first:
+                continue  # training of earlier steps first
+            out.append((step, nxt))
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceView:
+    index: int
+    node: int
+    mem_capacity_bytes: float
+    mem_used_bytes: float  # resident state + working memory of running tasks
+    share_used: float
+    tasks: tuple[str, ...]
+    resident: Mapping[str, float] = field(default_factory=dict)  # pipeline -> bytes
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    now_s: float
+    pipelines: tuple[PipelineView, ...]
+    devices: tuple[DeviceView, ...]
+    accelerator: AcceleratorSpec
+    accelerators_per_node: int
+    cost: Any  # the belief CostModel (noise-free)
+
+
+# ---------------------------------------------------------------------------- registry
+
+class Policy(Protocol):
+    name: str
+
+    def decide(self, view: View) -> Decision: ...
+
+
+PolicyFactory = Callable[..., Policy]
+_REGISTRY: dict[str, PolicyFactory] = {}
+
+
+def register_policy(name: str) -> Callable[[PolicyFactory], PolicyFactory]:
+    """Class decorator registering a policy under ``scheduler.name``."""
+
+    def deco(cls: PolicyFactory) -> PolicyFactory:
+        _REGISTRY[name] = cls
+        return cls
+
+    return deco
+
+
+def get_policy(name: str, params: Mapping[str, Any] | None = None) -> Policy:
+    """Instantiate a registered policy with ``scheduler.params``.
+
+    Raises:
+        ConfigError: unknown name or bad params (names the known ones).
+    """
+    if name not in _REGISTRY:
+        raise ConfigError(f"unknown scheduler {name!r}", where="scheduler.name",
+                          fix=f"use one of: {', '.join(list_policies())}")
+    try:
+        return _REGISTRY[name](**dict(params or {}))
+    except TypeError as exc:
+        raise ConfigError(f"bad params for scheduler {name!r}: {exc}",
+                          where="scheduler.params") from None
+
+
+def list_policies() -> list[str]:
+    return sorted(_REGISTRY)

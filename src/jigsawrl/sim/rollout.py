@@ -1,0 +1,271 @@
+"""One rollout engine instance (one DP worker, a TP group) doing continuous batching.
+
+This is a pure state machine with no clock of its own, so that the simulated executor (with the
+*truth* cost model and sampled lengths) and the graph builder / look-ahead (with the *belief* cost
+model and predicted lengths) run the very same batching logic.
+
+Model of the engine (vLLM-like; simplifications say so):
+
+- Requests wait in a FIFO queue. Admission takes requests from the head while the running count is
+  below ``max_num_seqs``, their KV fits the budget with room for one more iteration, and the tokens
+  to prefill fit ``max_prefill_tokens``. Admitted requests are prefilled in one *prefill segment*
+  (simplification: vLLM V1 mixes chunked prefill into decode iterations; here prefill runs as its
+  own segment, which keeps the compute-bound prefill visible as a sub-stage).
+- Decode: every running request gains one token per iteration. A *decode segment* lasts until the
+  next request finishes its turn or the KV budget is full, so the batch is constant within it and
+  its time is one closed-form call to the cost model.
+- KV full: the most recently admitted request is preempted (freed, put back at the head of the
+  queue, re-prefilled later — vLLM's recompute preemption).
+- Multi-turn: a turn that ends in a tool call frees the request's KV; when the tool answers the
+  request re-queues and prefills only the tool-result tokens (assumes a prefix-cache hit).
+- Requests can be exported mid-flight (:meth:`export_unfinished`) and added to another instance,
+  which re-prefills prompt + generated tokens (the migration cost of JigsawRL's sub-stage merging).
+
+Sub-stage of a decode segment by tokens per iteration (= batch): ``decode_large`` ≥ 1024,
+``decode_medium`` in [128, 1024), ``decode_small`` < 128 (the paper's bands).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from jigsawrl.workload.models import ModelSpec
+from jigsawrl.workload.requests import RequestTruth
+
+BAND_LARGE = 1024
+BAND_SMALL = 128
+
+
+def decode_band(tokens_per_iter: int) -> str:
+    """The paper's sub-stage band for a decode iteration processing ``tokens_per_iter`` tokens."""
+    if tokens_per_iter >= BAND_LARGE:
+        return "decode_large"
+    if tokens_per_iter >= BAND_SMALL:
+        return "decode_medium"
+    return "decode_small"
+
+
+@dataclass(slots=True, eq=False)
+class ReqRun:
+    """Mutable progress of one request on an instance."""
+
+    truth: RequestTruth
+    turn: int = 0
+    ctx: int = 0  # tokens in KV as of iteration ``it0`` (prompt + generated + tool results)
+    it0: int = 0  # instance iteration when (re)admitted; ctx grows by one per iteration since
+    left: int = 0  # tokens left to generate in the current turn (as of admission)
+    prefill_tokens: int = 0  # tokens to prefill at next admission
+    finish_iter: int = 0
+    admit_order: int = 0
+    running: bool = False
+
+    @classmethod
+    def new(cls, truth: RequestTruth) -> ReqRun:
+        return cls(truth, ctx=truth.prompt_tokens, left=truth.turns[0].response_tokens,
+                   prefill_tokens=truth.prompt_tokens)
+
+    def ctx_at(self, it: int) -> int:
+        """Tokens in KV at instance iteration ``it`` (running requests grow one per iteration)."""
+        return self.ctx + (it - self.it0) if self.running else self.ctx
+
+
+@dataclass(slots=True)
+class Segment:
+    """A stretch of constant work on the instance: a prefill, a decode run, or idle tool wait."""
+
+    kind: str
+    start_s: float
+    duration_s: float
+    iters: int = 0
+    batch: int = 0
+    ctx: int = 0
+    tokens: int = 0
+    flops: float = 0.0
+    share: float = 1.0
+
+
+@dataclass(slots=True)
+class SegmentResult:
+    finished: list[ReqRun] = field(default_factory=list)  # samples done (last turn finished)
+    tool_calls: list[ReqRun] = field(default_factory=list)  # turns that ended in a tool call
+
+
+class RolloutInstance:
+    """Continuous batching on one engine instance; see the module docstring for the model."""
+
+    def __init__(self, key: str, model: ModelSpec, tp: int, cost: object, *,
+                 kv_budget_tokens: int, max_num_seqs: int = 256,
+                 max_prefill_tokens: int = 16384) -> None:
+        if kv_budget_tokens < 1:
+            raise ValueError(f"{key}: KV budget must be positive, got {kv_budget_tokens}")
+        self.key = key
+        self.model = model
+        self.tp = tp
+        self.cost = cost
+        self.kv_budget = kv_budget_tokens
+        self.max_num_seqs = max_num_seqs
+        self.max_prefill_tokens = max_prefill_tokens
+        self.queue: deque[ReqRun] = deque()
+        self._heap: list[tuple[int, int, ReqRun]] = []
+        self._order = itertools.count()
+        self._stack: list[tuple[int, ReqRun]] = []  # admission order, lazily cleaned (for preemption)
+        self.n_running = 0
+        self.total_ctx = 0
+        self.it = 0
+        self.tool_waiting = 0
+        self.preemptions = 0
+
+    # ------------------------------------------------------------------ inputs
+    def add(self, truths: Iterable[RequestTruth]) -> None:
+        for t in truths:
+            self.queue.append(ReqRun.new(t))
+
+    def add_runs(self, runs: Iterable[ReqRun]) -> None:
+        """Add requests exported from another instance (re-prefill their whole context)."""
+        for r in runs:
+            r.prefill_tokens = r.ctx
+            r.running = False
+            self.queue.append(r)
+
+    def tool_returned(self, req: ReqRun) -> None:
+        """A tool answered: the request re-queues to prefill the result and go on."""
+        self.tool_waiting -= 1
+        self.queue.append(req)
+
+    # ------------------------------------------------------------------ state
+    @property
+    def done(self) -> bool:
+        return not self.queue and self.n_running == 0 and self.tool_waiting == 0
+
+    @property
+    def unfinished(self) -> int:
+        return len(self.queue) + self.n_running + self.tool_waiting
+
+    # ------------------------------------------------------------------ planning
+    def next_segment(self, now_s: float, share: float) -> Segment | None:
+        """Plan (and for prefill, apply admission of) the next segment; ``None`` if nothing runs.
+
+        When ``None`` and ``tool_waiting > 0`` the instance is idle waiting for tools.
+        """
+        admitted = self._admit()
+        if admitted:
+            return self._prefill_segment(admitted, now_s, share)
+        if self.n_running == 0:
+            return None
+        iters = self._heap[0][0] - self.it
+        room = (self.kv_budget - self.total_ctx) // self.n_running
+        while room < 1 and self.n_running > 1:
+            self._preempt()
+            iters = self._heap[0][0] - self.it
+            room = (self.kv_budget - self.total_ctx) // self.n_running
+        iters = max(1, min(iters, room))
+        b, c = self.n_running, self.total_ctx
+        dur = self.cost.decode_span_time_s(self.model, self.tp, b, c, iters, share)
+        flops = self.cost.decode_flops(self.model, b, c, iters)
+        return Segment(decode_band(b), now_s, dur, iters, b, c, b * iters, flops, share)
+
+    def _admit(self) -> list[ReqRun]:
+        admitted: list[ReqRun] = []
+        tokens = 0
+        while self.queue and self.n_running < self.max_num_seqs:
+            r = self.queue[0]
+            if self.total_ctx + r.ctx + self.n_running + 1 > self.kv_budget and self.n_running:
+                break
+            if admitted and tokens + r.prefill_tokens > self.max_prefill_tokens:
+                break
+            self.queue.popleft()
+            tokens += r.prefill_tokens
+            admitted.append(r)
+            self._start_running(r)
+        return admitted
+
+    def _start_running(self, r: ReqRun) -> None:
+        r.running = True
+        r.it0 = self.it
+        r.admit_order = next(self._order)
+        r.finish_iter = self.it + r.left
+        heapq.heappush(self._heap, (r.finish_iter, r.admit_order, r))
+        self._stack.append((r.admit_order, r))
+        self.n_running += 1
+        self.total_ctx += r.ctx
+
+    def _prefill_segment(self, admitted: list[ReqRun], now_s: float, share: float) -> Segment:
+        new = sum(r.prefill_tokens for r in admitted)
+        ctx = sum(r.ctx - r.prefill_tokens for r in admitted)
+        for r in admitted:
+            r.prefill_tokens = 0
+        dur = self.cost.prefill_time_s(self.model, self.tp, new, ctx, share)
+        flops = self.cost.prefill_flops(self.model, new, ctx)
+        return Segment("prefill", now_s, dur, 0, len(admitted), ctx, new, flops, share)
+
+    def _preempt(self) -> None:
+        while self._stack and not self._is_live(*self._stack[-1]):
+            self._stack.pop()
+        _, victim = self._stack.pop()
+        self._remove(victim)
+        victim.prefill_tokens = victim.ctx
+        self.queue.appendleft(victim)
+        self.preemptions += 1
+
+    @staticmethod
+    def _is_live(order: int, r: ReqRun) -> bool:
+        return r.running and r.admit_order == order
+
+    def _remove(self, r: ReqRun) -> None:
+        """Take a running request out (lazy heap deletion via ``running = False``)."""
+        r.ctx = r.ctx_at(self.it)
+        r.left = r.finish_iter - self.it
+        r.running = False
+        self.n_running -= 1
+        self.total_ctx -= r.ctx
+
+    # ------------------------------------------------------------------ progress
+    def finish_segment(self, seg: Segment) -> SegmentResult:
+        """Apply a segment that ran to its planned end."""
+        if seg.kind == "prefill":
+            return SegmentResult()
+        return self._advance(seg.iters)
+
+    def interrupt(self, seg: Segment, now_s: float) -> tuple[SegmentResult, Segment]:
+        """Stop a decode segment early at ``now_s`` (share change, tool return, migration).
+
+        Progress is the elapsed fraction of the planned iterations, rounded down (the iteration
+        in flight is lost: a small, conservative cost). Returns the result and the segment as run.
+        """
+        if seg.kind == "prefill" or seg.iters == 0:
+            raise ValueError("only decode segments can be interrupted")
+        frac = 0.0 if seg.duration_s <= 0 else min(1.0, (now_s - seg.start_s) / seg.duration_s)
+        done = min(seg.iters, int(frac * seg.iters))
+        ran = Segment(seg.kind, seg.start_s, now_s - seg.start_s, done, seg.batch, seg.ctx,
+                      seg.batch * done, seg.flops * (done / seg.iters), seg.share)
+        return self._advance(done), ran
+
+    def _advance(self, iters: int) -> SegmentResult:
+        self.it += iters
+        self.total_ctx += self.n_running * iters
+        res = SegmentResult()
+        heap = self._heap
+        while heap and (heap[0][0] <= self.it or not heap[0][2].running):
+            _, _, r = heapq.heappop(heap)
+            if not r.running:
+                continue
+            self._end_turn(r, res)
+        return res
+
+    def _end_turn(self, r: ReqRun, res: SegmentResult) -> None:
+        turn = r.truth.turns[r.turn]
+        self._remove(r)
+        if r.turn + 1 < len(r.truth.turns):
+            r.turn += 1
+            r.left = r.truth.turns[r.turn].response_tokens
+            r.ctx += turn.tool_result_tokens
+            r.prefill_tokens = turn.tool_result_tokens
+            self.tool_waiting += 1
+            res.tool_calls.append(r)
+        else:
+            r.left = 0
+            res.finished.append(r)
