@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jigsawrl.config import ExperimentConfig
-from jigsawrl.costmodel import CostModel
+from jigsawrl.costmodel import CostModel, CostParams
 from jigsawrl.driver.loop import Driver, DriverResult
+from jigsawrl.errors import ConfigError
 from jigsawrl.events import Event, StepFinished
 from jigsawrl.executors.simulated import SimulatedExecutor
 from jigsawrl.metrics.summary import RunInfo, summarize
@@ -47,15 +48,24 @@ class SimRun:
 def run_once(exp: Experiment, policy: Any, seed: int, *,
              progress: Progress | None = None) -> DriverResult:
     """Run ``policy`` on ``exp`` once on the simulated executor."""
-    truth = CostModel(exp.accelerator, noise_sigma=TRUTH_NOISE_SIGMA, seed=seed)
-    belief = CostModel(exp.accelerator)
+    truth = make_cost(exp, noise_sigma=TRUTH_NOISE_SIGMA, seed=seed)
+    belief = make_cost(exp)
     executor = SimulatedExecutor(exp, truth_cost=truth, seed=seed)
     return Driver(exp, policy, executor, belief, on_progress=progress).run()
 
 
+def make_cost(exp: Experiment, *, noise_sigma: float = 0.0, seed: int = 0) -> CostModel:
+    """The cost model for ``exp``'s cluster (noise 0 = belief; > 0 = truth)."""
+    params = CostParams(devices_per_node=exp.config.cluster.accelerators_per_node)
+    return CostModel(exp.accelerator, noise_sigma=noise_sigma, seed=seed, params=params)
+
+
 def simulate(cfg: ExperimentConfig, *, policy: str | None = None, seed: int | None = None,
-             solo: bool = True, progress: Progress | None = None) -> SimRun:
+             solo: bool | dict[str, float] = True, progress: Progress | None = None) -> SimRun:
     """Simulate ``cfg`` under ``policy`` (default: ``cfg.scheduler``).
+
+    ``solo``: compute each pipeline's alone-latency reference (True), skip it (False), or reuse
+    one computed before (a dict, as :func:`solo_latencies` returns).
 
     Raises:
         ConfigError: unknown presets/policy, infeasible config.
@@ -67,15 +77,25 @@ def simulate(cfg: ExperimentConfig, *, policy: str | None = None, seed: int | No
     pol = get_policy(name, params)
     variants = pol.variants() if hasattr(pol, "variants") else [pol]
     best: tuple[float, str, DriverResult] | None = None
+    infeasible: list[str] = []
     for v in variants:
-        res = run_once(exp, v, seed, progress=progress)
+        try:
+            res = run_once(exp, v, seed, progress=progress)
+        except ConfigError as exc:
+            if len(variants) == 1:
+                raise
+            log.warning("%s is infeasible here: %s", v.name, exc)
+            infeasible.append(str(exc))
+            continue
         tput = _throughput(res)
         log.info("%s: %.1f tokens/s", v.name, tput)
         if best is None or tput > best[0]:
             best = (tput, v.name, res)
-    assert best is not None
+    if best is None:
+        raise ConfigError("no placement of this policy is feasible:\n  " + "\n  ".join(infeasible))
     _, vname, res = best
-    info = run_info(cfg, exp, name, seed, solo_latencies(cfg, seed) if solo else None)
+    ref = solo if isinstance(solo, dict) else (solo_latencies(cfg, seed) if solo else None)
+    info = run_info(cfg, exp, name, seed, ref)
     summary = summarize(res.events, info)
     if len(variants) > 1:
         summary["variant"] = vname

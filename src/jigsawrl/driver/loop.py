@@ -65,13 +65,18 @@ class Driver:
 
     def run(self) -> DriverResult:
         self.executor.start()
+        wants_progress = bool(getattr(self.policy, "wants_rank_progress", False))
         try:
+            decide = True
             while not self.state.all_finished:
-                started = self._decide_and_apply()
+                started = self._decide_and_apply() if decide else 0
                 if not started and not self.executor.busy():
                     raise SchedulerStalled(self._stall_message())
-                for note in self.executor.advance():
+                notes = self.executor.advance()
+                for note in notes:
                     self._handle(note)
+                # Rank progress alone wakes only policies that asked for it (it is frequent).
+                decide = wants_progress or any(not isinstance(n, RankProgress) for n in notes)
                 self._events.extend(self.executor.drain_events())
         finally:
             self.executor.close()
@@ -96,8 +101,9 @@ class Driver:
         if isinstance(a, SetShare):
             self.state.reshare(a.task_id, a.share)
             self.executor.set_share(a)
-            self._pipe_of(a.task_id).running[a.task_id] = _with_share(
-                self._pipe_of(a.task_id).running[a.task_id], a.share)
+            ps = self._pipe_of(a.task_id)
+            ps.running[a.task_id] = _with_share(ps.running[a.task_id], a.share)
+            ps.touch()
             return 1
         return self._launch(a)
 
@@ -110,6 +116,7 @@ class Driver:
         mem = a.mem_bytes if isinstance(a, StartStage) else (
             a.kv_mem_bytes + self.cost.rollout_weight_bytes(ps.res.model, a.tp))
         self.state.acquire(tid, a.devices, a.share, mem)
+        ps.touch()
         now = self.executor.now_s
         ps.running[tid] = RunningTask(tid, a.pipeline, a.step, stage, a.devices, a.share, now)
         if stage == ROLLOUT:
@@ -121,9 +128,11 @@ class Driver:
     # ------------------------------------------------------------------ notifications
     def _handle(self, note: Notification) -> None:
         if isinstance(note, RankProgress):
-            counts = self._pipe_of(note.task_id).unfinished.get(note.task_id)
+            ps = self._pipe_of(note.task_id)
+            counts = ps.unfinished.get(note.task_id)
             if counts is not None and note.rank < len(counts):
                 counts[note.rank] = note.unfinished
+                ps.touch()
         elif isinstance(note, TaskDone):
             self._task_done(note)
         elif isinstance(note, TaskFailed):
@@ -131,6 +140,7 @@ class Driver:
 
     def _task_done(self, note: TaskDone) -> None:
         ps = self.state.pipes[note.pipeline]
+        ps.touch()
         task = ps.running.pop(note.task_id)
         ps.unfinished.pop(note.task_id, None)
         self.state.release(note.task_id)
@@ -156,6 +166,7 @@ class Driver:
 
     def _task_failed(self, note: TaskFailed) -> None:
         ps = self.state.pipes[note.pipeline]
+        ps.touch()
         for tid in list(ps.running):
             self.state.release(tid)
         ps.running.clear()

@@ -39,8 +39,18 @@ class PipelineState:
     stage_s: dict[int, dict[str, float]] = field(default_factory=dict)
     unfinished: dict[str, list[int]] = field(default_factory=dict)  # rollout tid -> per rank
     failed: str | None = None
+    _cached: PipelineView | None = None
+
+    def touch(self) -> None:
+        """Invalidate the cached view (call after any change)."""
+        self._cached = None
 
     def view(self) -> PipelineView:
+        if self._cached is None:
+            self._cached = self._build_view()
+        return self._cached
+
+    def _build_view(self) -> PipelineView:
         running = tuple(
             RunningTask(t.task_id, t.pipeline, t.step, t.stage, t.devices, t.share, t.start_s,
                         tuple(self.unfinished.get(t.task_id, ())))
@@ -59,6 +69,7 @@ class DeviceState:
     resident: dict[str, float] = field(default_factory=dict)  # pipeline -> bytes
     working: dict[str, float] = field(default_factory=dict)  # task id -> bytes
     shares: dict[str, float] = field(default_factory=dict)  # task id -> compute share
+    _cached: DeviceView | None = None
 
     @property
     def used(self) -> float:
@@ -69,6 +80,11 @@ class DeviceState:
         return sum(self.shares.values())
 
     def view(self) -> DeviceView:
+        if self._cached is None:
+            self._cached = self._build_view()
+        return self._cached
+
+    def _build_view(self) -> DeviceView:
         return DeviceView(self.index, self.node, self.capacity, self.used, self.share_used,
                           tuple(self.shares), MappingProxyType(dict(self.resident)))
 
@@ -96,6 +112,7 @@ class DriverState:
     def set_resident(self, pipeline: str, devices: tuple[int, ...], nbytes: float) -> None:
         for d in devices:
             dev = self._device(d)
+            dev._cached = None
             old = dev.resident.pop(pipeline, 0.0)
             if nbytes > 0:
                 dev.resident[pipeline] = nbytes
@@ -122,6 +139,7 @@ class DriverState:
         for d in devices:
             self.devices[d].shares[tid] = share
             self.devices[d].working[tid] = mem
+            self.devices[d]._cached = None
 
     def reshare(self, tid: str, share: float) -> None:
         devs = [d for d in self.devices if tid in d.shares]
@@ -130,11 +148,14 @@ class DriverState:
                 raise InvariantError(f"device {dev.index}: share {share} for {tid} over capacity")
         for dev in devs:
             dev.shares[tid] = share
+            dev._cached = None
 
     def release(self, tid: str) -> None:
         for dev in self.devices:
-            dev.shares.pop(tid, None)
-            dev.working.pop(tid, None)
+            if tid in dev.shares:
+                del dev.shares[tid]
+                dev.working.pop(tid, None)
+                dev._cached = None
 
     def _device(self, d: int) -> DeviceState:
         if not 0 <= d < len(self.devices):
@@ -145,6 +166,7 @@ class DriverState:
     def observe_rollout(self, name: str, step: int, prompt: tuple[int, ...],
                         resp: tuple[int, ...]) -> None:
         ps = self.pipes[name]
+        ps.touch()
         ps.history.append(StepObservation(step, prompt, resp,
                                           MappingProxyType(ps.stage_s.get(step, {}))))
         del ps.history[:-8]  # keep the recent steps only (prediction uses the last few)

@@ -23,7 +23,7 @@ import numpy as np
 from jigsawrl.driver.protocol import Notification, RankProgress, TaskDone
 from jigsawrl.events import Event, SampleFinished, Span
 from jigsawrl.scheduler.base import ROLLOUT, SetShare, StartRollout, StartStage, task_id
-from jigsawrl.sim.kernel import PRIO_ARRIVAL, PRIO_FINISH, Entry, EventQueue
+from jigsawrl.sim.kernel import PRIO_ARRIVAL, PRIO_FINISH, PRIO_WAKE, Entry, EventQueue
 from jigsawrl.sim.rollout import ReqRun, RolloutInstance, Segment
 from jigsawrl.workload.requests import RequestTruth
 from jigsawrl.workload.resolve import Experiment, ResolvedPipeline
@@ -49,6 +49,7 @@ class _Rank:
     entry: Entry | None = None
     open: _OpenSpan | None = None
     last_unfinished: int = -1
+    wake: Entry | None = None  # pending re-plan after tool results (one per instant)
 
 
 @dataclass(slots=True, eq=False)
@@ -129,7 +130,8 @@ class SimulatedExecutor:
 
     def advance(self) -> list[Notification]:
         handlers: dict[str, Callable[..., None]] = {
-            "seg": self._on_segment_end, "tool": self._on_tool_return, "work": self._on_work_end,
+            "seg": self._on_segment_end, "tool": self._on_tool_return, "wake": self._on_wake,
+            "work": self._on_work_end,
         }
         while not self._notes:
             entry = self.q.pop()
@@ -205,7 +207,13 @@ class SimulatedExecutor:
             self.q.schedule(now + lat, ("tool", task, rank, r), PRIO_ARRIVAL)
 
     def _on_tool_return(self, task: _RolloutTask, rank: _Rank, req: ReqRun) -> None:
+        # Results arriving at the same instant are admitted together: re-plan once, after them.
         rank.inst.tool_returned(req)
+        if rank.wake is None:
+            rank.wake = self.q.schedule(self.q.now_s, ("wake", task, rank), PRIO_WAKE)
+
+    def _on_wake(self, task: _RolloutTask, rank: _Rank) -> None:
+        rank.wake = None
         if rank.seg is None:
             self._plan_rank(task, rank)
         elif rank.seg.iters:  # decoding: the new request joins at the next iteration

@@ -3,6 +3,7 @@
 Importing this package registers the built-in policies.
 """
 
+from jigsawrl.scheduler import verl  # noqa: F401,E402  (registers verl-split / verl-serial)
 from jigsawrl.scheduler.base import (  # noqa: F401
     Decision,
     Policy,
@@ -15,4 +16,3 @@ from jigsawrl.scheduler.base import (  # noqa: F401
     list_policies,
     register_policy,
 )
-from jigsawrl.scheduler import verl  # noqa: F401,E402  (registers verl-split / verl-serial)

@@ -69,8 +69,26 @@ def split_devices(view: View) -> dict[str, tuple[int, ...]]:
             raise ConfigError(f"pipeline {p.name!r} gets no whole TP group under verl-split",
                               where=f"pipelines.{p.index}.rollout_tp")
         out[p.name] = tuple(range(start, start + size))
+        _check_fit(view, p, size)
         start += size
     return out
+
+
+def _check_fit(view: View, pv: PipelineView, n: int) -> None:
+    """A colocated pipeline must hold its train state, reference and activations on ``n`` devices.
+
+    Raises:
+        ConfigError: naming the pipeline and what to change.
+    """
+    need = pipeline_resident_bytes(view.cost, pv, n) + view.cost.activation_bytes(
+        pv.model, MICRO_BATCH_TOKENS, n)
+    have = view.accelerator.hbm_bytes
+    if need > have:
+        raise ConfigError(
+            f"pipeline {pv.name!r} ({pv.spec.model}) needs {need / 1e9:.0f} GB per device to "
+            f"train colocated on {n} device(s), {view.accelerator.name} has {have / 1e9:.0f} GB",
+            where=f"pipelines.{pv.index}.num_devices",
+            fix="give it more devices (num_devices) or use verl-serial")
 
 
 @register_policy("verl-split")
@@ -120,6 +138,8 @@ class VerlPolicy:
         if self.placement == "split":
             return split_devices(view)
         everything = tuple(d.index for d in view.devices)
+        for p in view.pipelines:
+            _check_fit(view, p, len(everything))
         return {p.name: everything for p in view.pipelines}
 
     def _active(self, view: View) -> list[PipelineView]:

@@ -198,8 +198,9 @@ class RolloutInstance:
         ctx = sum(r.ctx - r.prefill_tokens for r in admitted)
         for r in admitted:
             r.prefill_tokens = 0
-        dur = self.cost.prefill_time_s(self.model, self.tp, new, ctx, share)
-        flops = self.cost.prefill_flops(self.model, new, ctx)
+        n = len(admitted)
+        dur = self.cost.prefill_time_s(self.model, self.tp, new, ctx, share, num_seqs=n)
+        flops = self.cost.prefill_flops(self.model, new, ctx, num_seqs=n)
         return Segment("prefill", now_s, dur, 0, len(admitted), ctx, new, flops, share)
 
     def _preempt(self) -> None:

@@ -1,0 +1,11 @@
+"""Cost model: roofline times, FLOPs, memory and share slowdowns of RL sub-stages.
+
+:class:`CostModel` is both the schedulers' deterministic belief model and, with ``noise_sigma >
+0``, the simulator's seeded truth model. Imports neither torch nor ray (numpy only).
+"""
+
+from jigsawrl.costmodel.model import CostModel
+from jigsawrl.costmodel.roofline import CostParams
+from jigsawrl.costmodel.slowdown import SHARE_LEVELS, STAGES
+
+__all__ = ["SHARE_LEVELS", "STAGES", "CostModel", "CostParams"]

@@ -1,0 +1,183 @@
+"""Roofline pieces of the cost model: FLOP counts, efficiencies, and communication times.
+
+Why a roofline: the schedulers need to know which sub-stages are compute-bound (prefill, log-prob,
+actor update) and which are memory-bound (small-batch decode), and how each slows down on a share
+of the device. A roofline ``time = max(flops / compute rate, bytes / memory rate) + overhead``
+gives both from public hardware numbers (``workload/accelerators.py``) and public model shapes
+(``workload/models.py``), until ``jigsawrl profile`` measures real tables.
+
+The efficiencies and overheads in :class:`CostParams` are *assumptions* (each one says so and
+why); the hardware peaks they scale come from datasheets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jigsawrl.workload.models import ModelSpec
+
+FP32_BYTES = 4
+
+
+@dataclass(frozen=True, slots=True)
+class CostParams:
+    """Efficiencies and overheads of the cost model. Every default is a documented assumption.
+
+    Efficiencies are fractions of the datasheet peak (dense bf16 FLOP/s, HBM bytes/s) that real
+    kernels reach. They are not measured here; ``jigsawrl profile`` is meant to replace them.
+    """
+
+    # Prefill is large GEMMs: well-tuned serving engines reach ~50-60% of dense peak on H100
+    # (assumption, in line with published vLLM/SGLang prefill MFU figures).
+    prefill_eff: float = 0.55
+    # Decode GEMMs at large batch are skinnier and reach less of peak (assumption).
+    decode_compute_eff: float = 0.5
+    # Achievable fraction of datasheet HBM bandwidth for weight/KV streaming (assumption: memcpy /
+    # STREAM-like kernels reach ~80-90% on H100/A100; decode kernels a bit less).
+    hbm_bw_eff: float = 0.8
+    # Fraction of SMs that already saturates HBM bandwidth (assumption: memory-bound kernels reach
+    # peak bandwidth with ~35-50% of the SMs; used as bw_frac(s) = min(1, s / s_sat)).
+    s_sat: float = 0.4
+    # Fixed per engine iteration: CPU scheduling, sampling, kernel launches with CUDA graphs
+    # (assumption: ~2 ms, which makes Qwen3-4B batch-1 decode ~5 ms/token on H100, as vLLM does).
+    iter_overhead_s: float = 2e-3
+    # Per running sequence per iteration: detokenisation, stop checks, output processing
+    # (assumption: ~5 us per sequence in a vLLM-v1-style engine).
+    iter_overhead_per_seq_s: float = 5e-6
+    # One small all-reduce inside a node (custom / NVLS all-reduce, latency-dominated)
+    # (assumption: ~8 us; NCCL small-message all-reduce on NVLink is ~5-20 us).
+    allreduce_latency_s: float = 8e-6
+    # Per ring step latency of a collective (assumption: ~10 us intra-node, used for FSDP).
+    collective_step_latency_s: float = 1e-5
+    # FSDP / ZeRO-3 training and forward-only log-prob reach ~35-45% of peak (assumption; verl and
+    # Megatron reports for dense models of 1-30B are in this range).
+    train_eff: float = 0.4
+    logprob_eff: float = 0.4
+    # Fraction of FSDP communication hidden behind compute by prefetching (assumption).
+    comm_overlap: float = 0.7
+    # Tokens of one training micro-batch per device (verl's ppo_max_token_len_per_gpu default,
+    # 16384); FSDP all-gathers the parameters once per micro-batch forward and backward.
+    train_micro_batch_tokens: int = 16384
+    # Optimizer steps per train_time_s call (mini-batches per update; assumption: one).
+    optimizer_steps: int = 1
+    # Devices per node: collectives over more devices use the inter-node link
+    # (DGX/HGX H100 and A100 have 8; the paper's A100 cluster has 4: set it per cluster).
+    devices_per_node: int = 8
+    # Fixed cost of one weight sync: engine wake-up, per-tensor bookkeeping, resharding
+    # (assumption: ~0.5 s, verl colocated syncs of small models take seconds).
+    weight_sync_overhead_s: float = 0.5
+    # Fixed cost of one host transfer call: pinned-buffer setup, synchronisation (assumption).
+    host_transfer_latency_s: float = 1e-3
+    # Rule-based reward (regex / math-verify) on one CPU core, per sample (assumption: ~2 ms,
+    # between a regex match and a sympy equivalence check).
+    reward_s_per_sample: float = 2e-3
+    reward_overhead_s: float = 0.05
+    # Memory not usable for model state: CUDA context, NCCL buffers, allocator fragmentation
+    # (assumption: ~3 GB per device).
+    mem_reserve_bytes: float = 3e9
+    # Logits kept per token and vocabulary entry during training: bf16 logits + fp32 upcast for
+    # the log-softmax (verl upcasts logits to fp32; assumption: 6 bytes).
+    logits_bytes_per_entry: float = 6.0
+
+    def __post_init__(self) -> None:
+        for name in ("prefill_eff", "decode_compute_eff", "hbm_bw_eff", "s_sat", "train_eff",
+                     "logprob_eff"):
+            value = getattr(self, name)
+            if not 0.0 < value <= 1.0:
+                raise ValueError(f"CostParams.{name} must be in (0, 1], got {value}")
+        if not 0.0 <= self.comm_overlap <= 1.0:
+            raise ValueError(f"CostParams.comm_overlap must be in [0, 1], got {self.comm_overlap}")
+        if self.devices_per_node < 1 or self.train_micro_batch_tokens < 1:
+            raise ValueError("CostParams.devices_per_node and train_micro_batch_tokens must be >= 1")
+
+
+# ---------------------------------------------------------------- FLOPs (useful model FLOPs only)
+
+
+def attention_pairs(new_tokens: float, ctx_tokens: float, num_seqs: int = 1) -> float:
+    """(query, key) pairs attended by a prefill of ``new_tokens`` over ``ctx_tokens`` cached ones.
+
+    ``new_tokens`` and ``ctx_tokens`` are summed over ``num_seqs`` sequences of equal length
+    (a simplification when their lengths differ). Causal: each new token sees the cached context
+    of its sequence, the earlier new tokens of its sequence, and itself.
+    """
+    k = max(1, num_seqs)
+    return (new_tokens * ctx_tokens + 0.5 * new_tokens * new_tokens) / k + 0.5 * new_tokens
+
+
+def prefill_flops(model: ModelSpec, new_tokens: float, ctx_tokens: float = 0,
+                  num_seqs: int = 1) -> float:
+    """Dense matmul FLOPs (2 per parameter per token) plus causal attention FLOPs."""
+    pairs = attention_pairs(new_tokens, ctx_tokens, num_seqs)
+    return 2.0 * model.num_params * new_tokens + model.attn_flops_per_token_per_ctx() * pairs
+
+
+def decode_flops(model: ModelSpec, batch: int, ctx_tokens: float, iters: int = 1) -> float:
+    """FLOPs of ``iters`` decode iterations of ``batch`` tokens, KV context growing by ``batch``.
+
+    ``ctx_tokens`` is the KV context summed over the batch at the first iteration.
+    """
+    n = iters
+    ctx_sum = n * ctx_tokens + batch * n * (n - 1) / 2.0
+    return 2.0 * model.num_params * batch * n + model.attn_flops_per_token_per_ctx() * ctx_sum
+
+
+def logprob_flops(model: ModelSpec, tokens: float) -> float:
+    """Forward pass only: 2 FLOPs per parameter per token (attention omitted: no lengths known)."""
+    return 2.0 * model.num_params * tokens
+
+
+def train_flops(model: ModelSpec, tokens: float) -> float:
+    """Forward + backward: 6 FLOPs per parameter per token (activation recompute not counted)."""
+    return 6.0 * model.num_params * tokens
+
+
+# ---------------------------------------------------------------- bandwidth and communication
+
+
+def bw_fraction(share: float, s_sat: float) -> float:
+    """Fraction of HBM bandwidth reachable with a ``share`` of the SMs (assumed saturating)."""
+    return share / s_sat if share < s_sat else 1.0
+
+
+def kv_bytes_per_token_per_device(model: ModelSpec, tp: int) -> float:
+    """KV bytes of one token on one device of a TP group.
+
+    KV heads are split over ``tp``; when ``tp`` exceeds the number of KV heads, each device holds
+    (at least) one replicated head, as vLLM does.
+    """
+    heads_per_device = model.num_kv_heads / tp
+    if heads_per_device < 1.0:
+        heads_per_device = 1.0
+    return model.kv_bytes_per_token() * heads_per_device / model.num_kv_heads
+
+
+def ring_collective_s(nbytes: float, n: int, link_bytes_per_s: float,
+                      step_latency_s: float) -> float:
+    """Ring all-gather or reduce-scatter of a buffer of ``nbytes`` (full size) over ``n`` devices.
+
+    Each device sends and receives ``(n-1)/n * nbytes``; an all-reduce is two of these.
+    """
+    if n <= 1:
+        return 0.0
+    return (n - 1) / n * nbytes / link_bytes_per_s + (n - 1) * step_latency_s
+
+
+def tp_allreduce_s(model: ModelSpec, tokens: float, tp: int, link_bytes_per_s: float,
+                   latency_s: float) -> float:
+    """Tensor-parallel all-reduces of one forward pass over ``tokens`` tokens.
+
+    Megatron-style TP all-reduces the hidden state twice per layer (after attention and after
+    the MLP): latency-dominated for decode, bandwidth-dominated for large prefills.
+    """
+    if tp <= 1:
+        return 0.0
+    nbytes = tokens * model.hidden_size * 2.0  # bf16 activations
+    one = 2.0 * (tp - 1) / tp * nbytes / link_bytes_per_s + latency_s
+    return 2.0 * model.num_layers * one
+
+
+def overlap_comm(compute_s: float, comm_s: float, overlap: float) -> float:
+    """Time of compute and communication of which a fraction ``overlap`` can run concurrently."""
+    hi, lo = (compute_s, comm_s) if compute_s >= comm_s else (comm_s, compute_s)
+    return hi + (1.0 - overlap) * lo

@@ -1,0 +1,148 @@
+"""Building a pipeline step's Sub-Stage Graph from requests (predicted or true).
+
+Rollout sub-stages come from running the same continuous-batching model the simulator uses
+(:class:`~jigsawrl.sim.rollout.RolloutInstance`) on each DP worker in isolation with the given cost
+model; consecutive segments of one kind merge into one node, tool waits with no runnable request
+become ``tool_wait`` nodes. The post-rollout stages follow verl's order behind a barrier (sync) —
+the all-ranks edge into ``reward`` is the long-tail barrier the paper attacks.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+from jigsawrl.graph.substage import SubStageGraph, SubStageNode
+from jigsawrl.sim.rollout import ReqRun, RolloutInstance
+from jigsawrl.workload.models import ModelSpec
+from jigsawrl.workload.requests import RequestTruth
+
+
+@dataclass(frozen=True, slots=True)
+class StepShape:
+    """What the graph of one step needs to know about the pipeline and its placement."""
+
+    pipeline: str
+    step: int
+    model: ModelSpec
+    rollout_devices: int
+    rollout_tp: int
+    train_devices: int
+    kv_budget_tokens: int
+    use_ref: bool = True
+    ppo_epochs: int = 1
+
+
+def split_ranks(requests: list[RequestTruth], n_ranks: int) -> list[list[RequestTruth]]:
+    """verl's dispatch: contiguous equal chunks (a GRPO group's samples stay together)."""
+    return [requests[len(requests) * r // n_ranks: len(requests) * (r + 1) // n_ranks]
+            for r in range(n_ranks)]
+
+
+def rank_segments(inst: RolloutInstance) -> list[tuple[str, float, float, int]]:
+    """Run one instance alone to completion at full share: ``(kind, start, end, tokens)``.
+
+    Mirrors the simulated executor exactly: a tool result arriving during a decode segment
+    interrupts it (the request joins at the next iteration); one arriving during a prefill waits
+    for the prefill to end; while nothing is runnable the worker is in ``tool_wait``.
+    """
+    t = 0.0
+    out: list[tuple[str, float, float, int]] = []
+    tools: list[tuple[float, int, ReqRun]] = []
+    seq = 0
+    while not inst.done:
+        while tools and tools[0][0] <= t:
+            inst.tool_returned(heapq.heappop(tools)[2])
+        seg = inst.next_segment(t, 1.0)
+        if seg is None:
+            nxt = tools[0][0]
+            out.append(("tool_wait", t, nxt, 0))
+            t = nxt
+            continue
+        end = t + seg.duration_s
+        if seg.iters and tools and tools[0][0] < end:
+            res, seg = inst.interrupt(seg, tools[0][0])
+            end = tools[0][0]
+        else:
+            res = inst.finish_segment(seg)
+        out.append((seg.kind, t, end, seg.tokens))
+        t = end
+        for r in res.tool_calls:
+            heapq.heappush(tools, (t + r.truth.turns[r.turn - 1].tool_latency_s, seq, r))
+            seq += 1
+    return out
+
+
+def build_step_graph(shape: StepShape, requests: list[RequestTruth], cost) -> SubStageGraph:  # noqa: ANN001
+    """The Sub-Stage Graph of one step (see the module docstring)."""
+    g = SubStageGraph()
+    p, s = shape.pipeline, shape.step
+    n_ranks = max(1, shape.rollout_devices // shape.rollout_tp)
+    last: list[str] = []
+    for rank, reqs in enumerate(split_ranks(requests, n_ranks)):
+        inst = RolloutInstance(f"{p}/{s}/{rank}", shape.model, shape.rollout_tp, cost,
+                               kv_budget_tokens=shape.kv_budget_tokens)
+        inst.add(reqs)
+        prev = None
+        for k, (kind, t0, t1, tokens) in enumerate(_merge(rank_segments(inst))):
+            node = g.add_node(SubStageNode(f"{p}/{s}/{kind}/{rank}/{k}", p, s, kind, rank,
+                                           t1 - t0, tokens=tokens, devices=shape.rollout_tp))
+            if prev is not None:
+                g.add_edge(prev, node.node_id)
+            prev = node.node_id
+        if prev is not None:
+            last.append(prev)
+    tokens = sum(r.total_tokens for r in requests)
+    prev_ids = last
+    for stage, dur in _train_stages(shape, tokens, len(requests), cost):
+        node = g.add_node(SubStageNode(f"{p}/{s}/{stage}/0/0", p, s, stage, 0, dur,
+                                       tokens=tokens, devices=shape.train_devices))
+        for a in prev_ids:  # the first edge set is the sync barrier after rollout
+            g.add_edge(a, node.node_id)
+        prev_ids = [node.node_id]
+    return g
+
+
+def _merge(segs: list[tuple[str, float, float, int]]) -> list[tuple[str, float, float, int]]:
+    out: list[tuple[str, float, float, int]] = []
+    for kind, t0, t1, tok in segs:
+        if out and out[-1][0] == kind:
+            k, a, _, n = out[-1]
+            out[-1] = (k, a, t1, n + tok)
+        else:
+            out.append((kind, t0, t1, tok))
+    return out
+
+
+def _train_stages(shape: StepShape, tokens: int, samples: int,
+                  cost) -> list[tuple[str, float]]:  # noqa: ANN001
+    m, n = shape.model, shape.train_devices
+    stages = [("reward", cost.reward_time_s(samples)),
+              ("old_logprob", cost.logprob_time_s(m, n, tokens))]
+    if shape.use_ref:
+        stages.append(("ref_logprob", cost.logprob_time_s(m, n, tokens)))
+    stages.append(("actor_update", shape.ppo_epochs * cost.train_time_s(m, n, tokens)))
+    stages.append(("weight_sync", cost.weight_sync_time_s(m, n, shape.rollout_tp)))
+    return stages
+
+
+def chain_steps(graphs: list[SubStageGraph], staleness: int = 0) -> SubStageGraph:
+    """Join per-step graphs of one pipeline: rollout of step k waits for the weight sync of step
+    k - 1 - staleness (0 = synchronous); training is sequential across steps."""
+    g = SubStageGraph()
+    for sg in graphs:
+        g.merge(sg)
+    for k, sg in enumerate(graphs):
+        if k == 0:
+            continue
+        dep = k - 1 - staleness
+        if dep >= 0:
+            sync = _stage_node(graphs[dep], "weight_sync")
+            for src in sg.sources():
+                g.add_edge(sync, src)
+        g.add_edge(_stage_node(graphs[k - 1], "actor_update"), _stage_node(sg, "reward"))
+    return g
+
+
+def _stage_node(g: SubStageGraph, stage: str) -> str:
+    return next(n for n, node in g.nodes.items() if node.stage == stage)

@@ -1,0 +1,70 @@
+"""Shared test helpers: a tiny, exact cost model for hand-checkable timelines."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+class FakeCost:
+    """Exact toy costs: 1 s per decode iteration, 0.01 s per prefill token, 0.001 s per training
+    token, 1 s per weight sync; compute-bound stages slow by 1/share, decode does not slow."""
+
+    decode_iter_s = 1.0
+
+    def decode_span_time_s(self, model, tp, batch, ctx, iters, share=1.0):  # noqa: ANN001
+        return self.decode_iter_s * iters
+
+    def decode_flops(self, model, batch, ctx, iters=1):  # noqa: ANN001
+        return float(batch * iters)
+
+    def prefill_time_s(self, model, tp, new, ctx=0, share=1.0, num_seqs=1):  # noqa: ANN001
+        return 0.01 * new / share
+
+    def prefill_flops(self, model, new, ctx=0, num_seqs=1):  # noqa: ANN001
+        return float(new)
+
+    def reward_time_s(self, n):  # noqa: ANN001
+        return 0.5
+
+    def logprob_time_s(self, model, n, tokens, share=1.0):  # noqa: ANN001
+        return 0.001 * tokens / n
+
+    def train_time_s(self, model, n, tokens, share=1.0):  # noqa: ANN001
+        return 0.003 * tokens / n
+
+    def weight_sync_time_s(self, model, n, tp=1):  # noqa: ANN001
+        return 1.0
+
+    def logprob_flops(self, model, tokens):  # noqa: ANN001
+        return 2.0 * tokens
+
+    def train_flops(self, model, tokens):  # noqa: ANN001
+        return 6.0 * tokens
+
+    def host_transfer_time_s(self, nbytes, n=1):  # noqa: ANN001
+        return 0.0
+
+    def train_state_bytes(self, model, n):  # noqa: ANN001
+        return 1e9
+
+    def activation_bytes(self, model, tokens, n):  # noqa: ANN001
+        return 1e6
+
+    def kv_budget_tokens(self, model, tp, mem):  # noqa: ANN001
+        return int(mem)
+
+    def rollout_weight_bytes(self, model, tp):  # noqa: ANN001
+        return 0.0
+
+    def slowdown(self, stage, share, **kw):  # noqa: ANN001, ANN003
+        return 1.0 if stage.startswith("decode") else 1.0 / share
+
+
+@pytest.fixture
+def fake_cost() -> FakeCost:
+    return FakeCost()

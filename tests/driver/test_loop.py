@@ -1,0 +1,106 @@
+"""Exact timeline of verl on a toy workload, through the real driver and simulated executor."""
+
+from __future__ import annotations
+
+import pytest
+
+from jigsawrl.config import validate_config
+from jigsawrl.driver.loop import Driver, SchedulerStalled
+from jigsawrl.driver.state import InvariantError
+from jigsawrl.events import SampleFinished, Span, StepFinished
+from jigsawrl.executors.simulated import SimulatedExecutor
+from jigsawrl.scheduler import Decision, StartStage, get_policy
+from jigsawrl.workload.requests import RequestTruth, TurnTruth
+from jigsawrl.workload.resolve import resolve
+
+
+class FixedExecutor(SimulatedExecutor):
+    """Simulated executor whose step requests are given, not sampled."""
+
+    def __init__(self, *a, lengths: dict[str, list[int]], **kw) -> None:  # noqa: ANN002, ANN003
+        super().__init__(*a, **kw)
+        self.lengths = lengths
+
+    def step_requests(self, pipe, step):  # noqa: ANN001
+        return [RequestTruth(f"{pipe.spec.name}/{step}/{i}", 10, (TurnTruth(n),))
+                for i, n in enumerate(self.lengths[pipe.spec.name])]
+
+
+def experiment(n_pipes: int = 1, steps: int = 1, devices: int = 2):  # noqa: ANN201
+    cfg = validate_config({
+        "cluster": {"accelerator": "h100-80gb", "num_nodes": 1, "accelerators_per_node": devices},
+        "pipelines": [{"name": f"p{i}", "model": "qwen3-0.6b", "task": "gsm8k", "batch_size": 2,
+                       "group_size": 1, "steps": steps, "max_response_tokens": 1024}
+                      for i in range(n_pipes)],
+    })
+    return resolve(cfg)
+
+
+def run(exp, policy: str, lengths, fake_cost):  # noqa: ANN001, ANN201
+    ex = FixedExecutor(exp, truth_cost=fake_cost, seed=0, lengths=lengths)
+    return Driver(exp, get_policy(policy), ex, fake_cost).run()
+
+
+def test_verl_single_step_exact_timeline(fake_cost) -> None:  # noqa: ANN001
+    exp = experiment()
+    res = run(exp, "verl-split", {"p0": [3, 6]}, fake_cost)
+    spans = sorted((s.stage, s.rank, round(s.start_s, 6), round(s.end_s, 6))
+                   for s in res.events if isinstance(s, Span))
+    tokens = 10 + 3 + 10 + 6
+    t_roll = 0.1 + 6  # rank 1: prefill of 10 tokens then 6 iterations
+    t = [t_roll, t_roll + 0.5]
+    t.append(t[-1] + 0.001 * tokens / 2)
+    t.append(t[-1] + 0.001 * tokens / 2)
+    t.append(t[-1] + 0.003 * tokens / 2)
+    t.append(t[-1] + 1.0)
+    assert spans == sorted([
+        ("prefill", 0, 0.0, 0.1), ("decode_small", 0, 0.1, 3.1),
+        ("prefill", 1, 0.0, 0.1), ("decode_small", 1, 0.1, 6.1),
+        ("reward", 0, round(t[0], 6), round(t[1], 6)),
+        ("old_logprob", 0, round(t[1], 6), round(t[2], 6)),
+        ("ref_logprob", 0, round(t[2], 6), round(t[3], 6)),
+        ("actor_update", 0, round(t[3], 6), round(t[4], 6)),
+        ("weight_sync", 0, round(t[4], 6), round(t[5], 6)),
+    ])
+    (step,) = [e for e in res.events if isinstance(e, StepFinished)]
+    assert step.end_s == pytest.approx(t[5])
+    assert step.timings_s["gen"] == pytest.approx(t_roll)
+    assert step.timings_s["step"] == pytest.approx(t[5])
+    samples = [e for e in res.events if isinstance(e, SampleFinished)]
+    assert sorted(e.time_s for e in samples) == pytest.approx([3.1, 6.1])
+
+
+def test_verl_split_runs_pipelines_in_parallel_serial_one_after_another(fake_cost) -> None:  # noqa: ANN001
+    exp = experiment(n_pipes=2, steps=2, devices=2)
+    lengths = {"p0": [3, 6], "p1": [3, 6]}
+    split = run(exp, "verl-split", lengths, fake_cost)
+    serial = run(exp, "verl-serial", lengths, fake_cost)
+    end = {r: {e.pipeline: e.end_s for e in res.events if isinstance(e, StepFinished)}
+           for r, res in (("split", split), ("serial", serial))}
+    assert end["split"]["p0"] == pytest.approx(end["split"]["p1"])
+    assert end["serial"]["p1"] > end["serial"]["p0"]
+    p1_spans = [s for s in serial.events if isinstance(s, Span) and s.pipeline == "p1"]
+    assert min(s.start_s for s in p1_spans) >= end["serial"]["p0"] - 1e-9
+    devs = {s.devices for s in split.events if isinstance(s, Span) and s.pipeline == "p1"}
+    assert devs <= {(1,)}
+
+
+class Greedy:
+    name = "bad"
+
+    def __init__(self, action) -> None:  # noqa: ANN001
+        self.action = action
+
+    def decide(self, view):  # noqa: ANN001, ANN201
+        return Decision((self.action,) if self.action else ())
+
+
+def test_driver_rejects_not_ready_and_stalls(fake_cost) -> None:  # noqa: ANN001
+    exp = experiment()
+    ex = FixedExecutor(exp, truth_cost=fake_cost, seed=0, lengths={"p0": [1, 1]})
+    bad = Greedy(StartStage("p0", 0, "actor_update", (0, 1)))
+    with pytest.raises(InvariantError, match="not ready"):
+        Driver(exp, bad, ex, fake_cost).run()
+    ex = FixedExecutor(exp, truth_cost=fake_cost, seed=0, lengths={"p0": [1, 1]})
+    with pytest.raises(SchedulerStalled, match="started nothing"):
+        Driver(exp, Greedy(None), ex, fake_cost).run()

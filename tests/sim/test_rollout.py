@@ -1,0 +1,87 @@
+"""Exact timelines of one rollout instance (continuous batching, KV preemption, multi-turn)."""
+
+from __future__ import annotations
+
+from jigsawrl.sim.rollout import RolloutInstance, decode_band
+from jigsawrl.workload.models import MODELS
+from jigsawrl.workload.requests import RequestTruth, TurnTruth
+
+M = MODELS["qwen3-0.6b"]
+
+
+def req(sid: str, prompt: int, *turns: int, tool_result: int = 0) -> RequestTruth:
+    tt = tuple(TurnTruth(n, 1.0 if i + 1 < len(turns) else 0.0,
+                         tool_result if i + 1 < len(turns) else 0) for i, n in enumerate(turns))
+    return RequestTruth(sid, prompt, tt)
+
+
+def run(inst: RolloutInstance) -> list[tuple[str, float, float, int]]:
+    """Drive the instance to completion (tool results come back immediately)."""
+    t, out = 0.0, []
+    while not inst.done:
+        seg = inst.next_segment(t, 1.0)
+        assert seg is not None
+        res = inst.finish_segment(seg)
+        out.append((seg.kind, round(t, 6), round(t + seg.duration_s, 6), seg.batch))
+        t += seg.duration_s
+        for r in res.tool_calls:
+            inst.tool_returned(r)
+    return out
+
+
+def test_bands() -> None:
+    assert decode_band(2000) == "decode_large"
+    assert decode_band(1024) == "decode_large"
+    assert decode_band(500) == "decode_medium"
+    assert decode_band(128) == "decode_medium"
+    assert decode_band(127) == "decode_small"
+
+
+def test_continuous_batching_timeline(fake_cost) -> None:  # noqa: ANN001
+    inst = RolloutInstance("x", M, 1, fake_cost, kv_budget_tokens=10_000)
+    inst.add([req("a", 10, 2), req("b", 10, 5)])
+    # prefill 20 tokens (0.2 s), decode both 2 iters, then b alone 3 iters
+    assert run(inst) == [("prefill", 0.0, 0.2, 2), ("decode_small", 0.2, 2.2, 2),
+                         ("decode_small", 2.2, 5.2, 1)]
+    assert inst.total_ctx == 0 and inst.n_running == 0
+
+
+def test_max_num_seqs_admits_as_others_finish(fake_cost) -> None:  # noqa: ANN001
+    inst = RolloutInstance("x", M, 1, fake_cost, kv_budget_tokens=10_000, max_num_seqs=1)
+    inst.add([req("a", 10, 3), req("b", 10, 1)])
+    assert run(inst) == [("prefill", 0.0, 0.1, 1), ("decode_small", 0.1, 3.1, 1),
+                         ("prefill", 3.1, 3.2, 1), ("decode_small", 3.2, 4.2, 1)]
+
+
+def test_kv_full_preempts_latest_and_recomputes(fake_cost) -> None:  # noqa: ANN001
+    # budget 30 tokens: two prompts of 10 (20) + growth of 2/iter → full after 4 iterations
+    inst = RolloutInstance("x", M, 1, fake_cost, kv_budget_tokens=30)
+    inst.add([req("a", 10, 8), req("b", 10, 8)])
+    tl = run(inst)
+    assert tl[0] == ("prefill", 0.0, 0.2, 2)
+    assert tl[1] == ("decode_small", 0.2, 5.2, 2)  # 5 iters → ctx 30 = budget
+    assert inst.preemptions >= 1
+    # a finishes alone, then b is re-prefilled with its 15 tokens of context and finishes
+    assert ("prefill", 8.2, 8.35, 1) in tl
+    assert tl[-1][0] == "decode_small" and tl[-1][2] == 11.35
+
+
+def test_multi_turn_prefills_only_tool_result(fake_cost) -> None:  # noqa: ANN001
+    inst = RolloutInstance("x", M, 1, fake_cost, kv_budget_tokens=10_000)
+    inst.add([req("a", 10, 2, 3, tool_result=5)])
+    assert run(inst) == [("prefill", 0.0, 0.1, 1), ("decode_small", 0.1, 2.1, 1),
+                         ("prefill", 2.1, 2.15, 1), ("decode_small", 2.15, 5.15, 1)]
+
+
+def test_interrupt_keeps_progress(fake_cost) -> None:  # noqa: ANN001
+    inst = RolloutInstance("x", M, 1, fake_cost, kv_budget_tokens=10_000)
+    inst.add([req("a", 10, 10)])
+    pre = inst.next_segment(0.0, 1.0)
+    inst.finish_segment(pre)
+    seg = inst.next_segment(pre.duration_s, 1.0)
+    assert seg.iters == 10
+    res, ran = inst.interrupt(seg, seg.start_s + 4.5)
+    assert ran.iters == 4 and not res.finished
+    rest = inst.next_segment(seg.start_s + 4.5, 1.0)
+    assert rest.iters == 6
+    assert inst.finish_segment(rest).finished
