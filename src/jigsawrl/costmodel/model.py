@@ -89,7 +89,10 @@ def _series_count(first: float, step: float, budget: float) -> float:
     if budget <= 0.0:
         return 0.0
     b = first - 0.5 * step
-    return 2.0 * budget / (b + math.sqrt(b * b + 2.0 * step * budget))
+    root = math.sqrt(b * b + 2.0 * step * budget)
+    if b > 0.0:  # numerically stable form when b > 0
+        return 2.0 * budget / (b + root)
+    return (root - b) / step  # b <= 0 implies step > 0 (first > 0)
 
 
 class CostModel:

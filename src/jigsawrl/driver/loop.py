@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from jigsawrl.driver.protocol import Executor, Notification, RankProgress, TaskDone, TaskFailed
 from jigsawrl.driver.state import DriverState, InvariantError, PipelineState
@@ -18,6 +18,8 @@ from jigsawrl.events import Event, PipelineFailed, StepFinished
 from jigsawrl.scheduler.base import (
     ROLLOUT,
     Action,
+    Interrupt,
+    Migrate,
     Policy,
     RunningTask,
     SetResident,
@@ -99,13 +101,59 @@ class Driver:
             self.state.set_resident(a.pipeline, a.devices, a.bytes_per_device)
             return 0
         if isinstance(a, SetShare):
-            self.state.reshare(a.task_id, a.share)
-            self.executor.set_share(a)
-            ps = self._pipe_of(a.task_id)
-            ps.running[a.task_id] = _with_share(ps.running[a.task_id], a.share)
-            ps.touch()
+            return self._set_share(a)
+        if isinstance(a, Migrate):
+            return self._migrate(a)
+        if isinstance(a, Interrupt):
+            self._running(a.task_id)
+            self.executor.interrupt(a)
             return 1
         return self._launch(a)
+
+    def _running(self, tid: str) -> RunningTask:
+        task = self._pipe_of(tid).running.get(tid)
+        if task is None:
+            raise InvariantError(f"{tid} is not running")
+        return task
+
+    def _set_share(self, a: SetShare) -> int:
+        task = self._running(a.task_id)
+        ps = self._pipe_of(a.task_id)
+        if a.rank is None:
+            devices = task.devices if not task.rank_devices else tuple(
+                d for r, devs in enumerate(task.rank_devices) if task.rank_shares[r] > 0
+                for d in devs)
+            shares = tuple(a.share if s > 0 else 0.0 for s in task.rank_shares)
+        else:
+            if not task.rank_devices or not 0 <= a.rank < len(task.rank_devices):
+                raise InvariantError(f"{a.task_id} has no rank {a.rank}")
+            if task.rank_shares[a.rank] == 0:
+                raise InvariantError(f"{a.task_id} rank {a.rank} was released by a migration")
+            devices = task.rank_devices[a.rank]
+            shares = tuple(a.share if r == a.rank else s for r, s in enumerate(task.rank_shares))
+        self.state.reshare(a.task_id, a.share, devices)
+        self.executor.set_share(a)
+        share = a.share if a.rank is None else task.share
+        ps.running[a.task_id] = replace(task, share=share, rank_shares=shares)
+        ps.touch()
+        return 1
+
+    def _migrate(self, a: Migrate) -> int:
+        task = self._running(a.task_id)
+        n = len(task.rank_devices)
+        live = [r for r in range(n) if task.rank_shares[r] > 0]
+        if a.dst_rank not in live or not a.src_ranks or a.dst_rank in a.src_ranks or any(
+                r not in live for r in a.src_ranks):
+            raise InvariantError(f"{a.task_id}: bad migration {a.src_ranks} -> {a.dst_rank} "
+                                 f"(live ranks {live})")
+        released = tuple(d for r in a.src_ranks for d in task.rank_devices[r])
+        self.executor.migrate(a)
+        self.state.release_devices(a.task_id, released)
+        ps = self._pipe_of(a.task_id)
+        shares = tuple(0.0 if r in a.src_ranks else s for r, s in enumerate(task.rank_shares))
+        ps.running[a.task_id] = replace(task, rank_shares=shares)
+        ps.touch()
+        return 1
 
     def _launch(self, a: StartRollout | StartStage) -> int:
         stage = ROLLOUT if isinstance(a, StartRollout) else a.stage
@@ -119,7 +167,10 @@ class Driver:
         ps.touch()
         now = self.executor.now_s
         ps.running[tid] = RunningTask(tid, a.pipeline, a.step, stage, a.devices, a.share, now)
-        if stage == ROLLOUT:
+        if isinstance(a, StartRollout):
+            ranks = tuple(a.devices[r * a.tp:(r + 1) * a.tp] for r in range(len(a.devices) // a.tp))
+            ps.running[tid] = replace(ps.running[tid], rank_devices=ranks,
+                                      rank_shares=(a.share,) * len(ranks))
             ps.step_start_s[a.step] = now
             ps.unfinished[tid] = [0] * (len(a.devices) // a.tp)
         self.executor.launch(a)
@@ -184,7 +235,3 @@ class Driver:
         return (f"policy {getattr(self.policy, 'name', self.policy)!r} started nothing at "
                 f"t={self.executor.now_s:.1f}s while nothing runs; ready work: {todo}")
 
-
-def _with_share(t: RunningTask, share: float) -> RunningTask:
-    return RunningTask(t.task_id, t.pipeline, t.step, t.stage, t.devices, share, t.start_s,
-                       t.unfinished_per_rank)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from jigsawrl.events import Event
-from jigsawrl.scheduler.base import SetShare, StartRollout, StartStage
+from jigsawrl.scheduler.base import Interrupt, Migrate, SetShare, StartRollout, StartStage
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +63,10 @@ class Executor(Protocol):
     def launch(self, action: StartRollout | StartStage) -> None: ...
 
     def set_share(self, action: SetShare) -> None: ...
+
+    def migrate(self, action: Migrate) -> None: ...
+
+    def interrupt(self, action: Interrupt) -> None: ...
 
     def busy(self) -> bool:
         """True while any task runs (so that :meth:`advance` can make progress)."""

@@ -8,7 +8,7 @@ compute shares summing above 1 — so a policy bug fails loudly instead of produ
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from jigsawrl.scheduler.base import (
@@ -51,10 +51,8 @@ class PipelineState:
         return self._cached
 
     def _build_view(self) -> PipelineView:
-        running = tuple(
-            RunningTask(t.task_id, t.pipeline, t.step, t.stage, t.devices, t.share, t.start_s,
-                        tuple(self.unfinished.get(t.task_id, ())))
-            for t in self.running.values())
+        running = tuple(replace(t, unfinished_per_rank=tuple(self.unfinished.get(t.task_id, ())))
+                        for t in self.running.values())
         done = MappingProxyType({k: frozenset(v) for k, v in self.done.items()})
         return PipelineView(self.res.spec.name, self.res.index, self.res.spec, self.res.model,
                             done, self.steps_completed, running, tuple(self.history),
@@ -141,14 +139,24 @@ class DriverState:
             self.devices[d].working[tid] = mem
             self.devices[d]._cached = None
 
-    def reshare(self, tid: str, share: float) -> None:
-        devs = [d for d in self.devices if tid in d.shares]
+    def reshare(self, tid: str, share: float, devices: tuple[int, ...] | None = None) -> None:
+        devs = [d for d in self.devices if tid in d.shares and (devices is None or d.index in
+                                                                 devices)]
         for dev in devs:
             if dev.share_used - dev.shares[tid] + share > 1 + EPS:
                 raise InvariantError(f"device {dev.index}: share {share} for {tid} over capacity")
         for dev in devs:
             dev.shares[tid] = share
             dev._cached = None
+
+    def release_devices(self, tid: str, devices: tuple[int, ...]) -> None:
+        """Free ``devices`` of a running task (after a migration moved its work away)."""
+        for d in devices:
+            dev = self.devices[d]
+            if tid in dev.shares:
+                del dev.shares[tid]
+                dev.working.pop(tid, None)
+                dev._cached = None
 
     def release(self, tid: str) -> None:
         for dev in self.devices:

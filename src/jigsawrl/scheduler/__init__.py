@@ -6,6 +6,8 @@ Importing this package registers the built-in policies.
 from jigsawrl.scheduler import verl  # noqa: F401,E402  (registers verl-split / verl-serial)
 from jigsawrl.scheduler.base import (  # noqa: F401
     Decision,
+    Interrupt,
+    Migrate,
     Policy,
     SetResident,
     SetShare,

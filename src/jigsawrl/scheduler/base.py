@@ -44,12 +44,20 @@ def task_id(pipeline: str, step: int, stage: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class StartRollout:
+    """Start a step's rollout: ``len(devices) // tp`` engine instances (ranks).
+
+    ``dispatch`` is how the batch is split over ranks: ``contiguous`` (verl: equal contiguous
+    chunks, a GRPO group stays together) or ``skew_aware`` (StreamRL: a length *ranker* orders
+    prompts by predicted length and deals them longest-first; see the executor for its accuracy).
+    """
+
     pipeline: str
     step: int
     devices: tuple[int, ...]
     tp: int = 1
     share: float = 1.0
     kv_mem_bytes: float = 0.0  # per device, reserved for the KV cache while the rollout runs
+    dispatch: str = "contiguous"
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +72,30 @@ class StartStage:
 
 @dataclass(frozen=True, slots=True)
 class SetShare:
+    """Change a running task's compute share (on one rollout rank, or on all its devices)."""
+
     task_id: str
     share: float
+    rank: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Migrate:
+    """Long-tail migration (sub-stage merging): abort the unfinished requests of ``src_ranks`` of a
+    running rollout and resume them on ``dst_rank`` (which re-prefills prompt + generated tokens).
+    The source ranks' devices are released."""
+
+    task_id: str
+    src_ranks: tuple[int, ...]
+    dst_rank: int
+
+
+@dataclass(frozen=True, slots=True)
+class Interrupt:
+    """AReaL's interruptible generation: abort every in-flight request of a rollout and resume it
+    in place (re-prefill) — what happens when new weights arrive mid-rollout."""
+
+    task_id: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +112,7 @@ class SetResident:
     bytes_per_device: float
 
 
-Action = StartRollout | StartStage | SetShare | SetResident
+Action = StartRollout | StartStage | SetShare | SetResident | Migrate | Interrupt
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +142,8 @@ class RunningTask:
     share: float
     start_s: float
     unfinished_per_rank: tuple[int, ...] = ()  # rollout only: requests not yet finished per rank
+    rank_devices: tuple[tuple[int, ...], ...] = ()  # rollout only: devices of each live rank
+    rank_shares: tuple[float, ...] = ()  # rollout only: share of each rank (0 = released)
 
 
 @dataclass(frozen=True, slots=True)

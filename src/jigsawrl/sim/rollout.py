@@ -224,6 +224,28 @@ class RolloutInstance:
         self.n_running -= 1
         self.total_ctx -= r.ctx
 
+    def export_unfinished(self, seg: Segment | None, now_s: float) -> tuple[SegmentResult, list[ReqRun]]:
+        """Abort every queued and running request and hand them out (migration / interruption).
+
+        A decode segment in flight is cut at ``now_s`` first (its finished turns are returned in
+        the result); a prefill in flight is lost (its requests re-prefill at the destination).
+        Tool-waiting requests stay with the caller's tool events (``tool_waiting`` is untouched).
+        """
+        res = SegmentResult()
+        if seg is not None and seg.iters:
+            res, _ = self.interrupt(seg, now_s)
+        runs = list({id(r): r for _, _, r in self._heap if r.running}.values())
+        for r in runs:
+            self._remove(r)
+        runs.sort(key=lambda r: r.admit_order)
+        runs.extend(self.queue)
+        self.queue.clear()
+        self._heap.clear()
+        self._stack.clear()
+        for r in runs:
+            r.prefill_tokens = r.ctx
+        return res, runs
+
     # ------------------------------------------------------------------ progress
     def finish_segment(self, seg: Segment) -> SegmentResult:
         """Apply a segment that ran to its planned end."""

@@ -1,0 +1,254 @@
+"""Small causal LMs for the real CPU engine: presets built in code, and local HF checkpoints.
+
+No package ships small causal-LM weights and the project machines cannot reach a model hub, so
+the engine's models are transformers architectures (Qwen2, Qwen3, Llama) built from a config at
+1M-50M parameters with random, seeded weights, paired with the character tokenizer of
+`jigsawrl.engine.tokenizer`. A user who has a local Hugging Face directory (config.json +
+safetensors + tokenizer files) loads it with `load_local_model`; every way such a directory can
+be broken ends in an `InputError` that names the file and the fix, never in a traceback from
+deep inside transformers.
+
+`kv_call` is the one place that knows how the installed transformers names the KV-cache argument
+of ``forward`` (5.24 renamed ``past_key_values=`` to ``cache=``; the old name is deprecated and
+announced for removal in 5.40).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    LlamaConfig,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Qwen2Config,
+    Qwen3Config,
+)
+
+from jigsawrl.engine.tokenizer import build_char_tokenizer, load_tokenizer
+from jigsawrl.errors import ConfigError, InputError
+
+log = logging.getLogger(__name__)
+
+_CONFIG_CLASSES: dict[str, type[PretrainedConfig]] = {
+    "qwen2": Qwen2Config,
+    "qwen3": Qwen3Config,
+    "llama": LlamaConfig,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class EngineModelPreset:
+    """Architecture numbers of one small model; the size is for the 100-token char vocabulary."""
+
+    family: str  # "qwen2" | "qwen3" | "llama"
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    max_position_embeddings: int = 2048
+    approx_params: float = 0.0  # with the 100-token vocabulary, tied embeddings counted once
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+ENGINE_MODELS: dict[str, EngineModelPreset] = {
+    # ~1.0M params: 4 layers x 128 wide, GQA 4/2 heads (the "learns addition in minutes" size).
+    "qwen2-1m": EngineModelPreset("qwen2", 128, 4, 4, 2, 512, approx_params=1.0e6),
+    # ~10.4M params: 6 layers x 384 wide, GQA 6/2 heads.
+    "qwen2-10m": EngineModelPreset("qwen2", 384, 6, 6, 2, 1152, approx_params=10.4e6),
+    # ~50.4M params: 8 layers x 768 wide, GQA 12/4 heads.
+    "qwen2-50m": EngineModelPreset("qwen2", 768, 8, 12, 4, 2048, approx_params=50.4e6),
+    # ~1.0M params: Qwen3 (q/k norms, no qkv bias) at the qwen2-1m shape.
+    "qwen3-1m": EngineModelPreset("qwen3", 128, 4, 4, 2, 512, approx_params=1.0e6),
+    # ~1.0M params: Llama (no qkv bias) at the qwen2-1m shape.
+    "llama-1m": EngineModelPreset("llama", 128, 4, 4, 2, 512, approx_params=1.0e6),
+}
+
+
+def preset_config(preset_name: str, vocab_size: int, tokenizer: PreTrainedTokenizerBase) -> Any:
+    """The transformers config of a preset, with the tokenizer's special-token ids."""
+    if preset_name not in ENGINE_MODELS:
+        raise ConfigError(
+            f"unknown engine model preset {preset_name!r}",
+            where="model",
+            fix=f"use one of {sorted(ENGINE_MODELS)}",
+        )
+    p = ENGINE_MODELS[preset_name]
+    return _CONFIG_CLASSES[p.family](
+        vocab_size=vocab_size,
+        hidden_size=p.hidden_size,
+        num_hidden_layers=p.num_layers,
+        num_attention_heads=p.num_heads,
+        num_key_value_heads=p.num_kv_heads,
+        head_dim=p.hidden_size // p.num_heads,
+        intermediate_size=p.intermediate_size,
+        max_position_embeddings=p.max_position_embeddings,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        **p.extra,
+    )
+
+
+def build_model(
+    preset_name: str, vocab_size: int | None = None, seed: int = 0
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Build a preset with random weights (seeded, fp32, eval mode) and the char tokenizer.
+
+    Args:
+        preset_name: a key of `ENGINE_MODELS`.
+        vocab_size: embedding rows; default the tokenizer's size. Must be >= the tokenizer's size.
+        seed: weights depend on it only (the global torch RNG is left as it was).
+
+    Raises:
+        ConfigError: unknown preset, or a vocabulary smaller than the tokenizer's.
+    """
+    tokenizer = build_char_tokenizer()
+    vocab_size = len(tokenizer) if vocab_size is None else vocab_size
+    if vocab_size < len(tokenizer):
+        raise ConfigError(
+            f"vocab_size {vocab_size} is smaller than the tokenizer's {len(tokenizer)} tokens",
+            where="model.vocab_size",
+            fix=f"use vocab_size >= {len(tokenizer)} or leave it unset",
+        )
+    config = preset_config(preset_name, vocab_size, tokenizer)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.eval()
+    log.info("built %s: %.2fM params, seed %d", preset_name, count_params(model) / 1e6, seed)
+    return model, tokenizer
+
+
+def count_params(model: torch.nn.Module) -> int:
+    """Parameters counted once each (tied embeddings are one tensor)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def save_model(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: str | Path
+) -> None:
+    """Write a HF directory (config.json, model.safetensors, tokenizer files) that
+    `load_local_model` reads back."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(path))
+    tokenizer.save_pretrained(str(path))
+
+
+def load_local_model(path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a local HF directory (config.json + safetensors + tokenizer), fp32, eval mode.
+
+    Raises:
+        InputError: missing directory; missing or malformed config.json; missing, corrupt or
+            incomplete safetensors weights; no tokenizer; a tokenizer larger than the embedding.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise InputError("model directory not found", where=str(path),
+                         fix="pass a directory holding config.json, *.safetensors and a tokenizer")
+    _check_config_file(path / "config.json")
+    if not any(path.glob("*.safetensors")):
+        raise InputError("no *.safetensors weight file", where=str(path),
+                         fix="save the model with save_pretrained (safetensors is its default)")
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(
+            str(path), local_files_only=True, dtype=torch.float32, output_loading_info=True
+        )
+    except Exception as exc:  # safetensors / transformers raise many types for bad files
+        raise InputError(f"cannot load the weights: {type(exc).__name__}: {exc}", where=str(path),
+                         fix="re-save the checkpoint; the safetensors file may be truncated"
+                         ) from exc
+    bad = [*info.get("missing_keys", []), *info.get("mismatched_keys", [])]
+    if bad:
+        raise InputError(f"weights do not match config.json: {sorted(map(str, bad))[:5]}",
+                         where=str(path), fix="use the config.json the weights were saved with")
+    tokenizer = load_tokenizer(path)
+    check_tokenizer_matches(model, tokenizer)
+    model.eval()
+    return model, tokenizer
+
+
+def _check_config_file(config_path: Path) -> None:
+    where = str(config_path)
+    if not config_path.is_file():
+        raise InputError("config.json is missing", where=where,
+                         fix="save the model with save_pretrained, which writes config.json")
+    try:
+        raw = json.loads(config_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"config.json is not valid JSON: {exc}", where=where,
+                         fix="restore config.json from the checkpoint's source") from exc
+    if not isinstance(raw, dict) or "model_type" not in raw:
+        raise InputError("config.json has no 'model_type'", where=where,
+                         fix="restore config.json from the checkpoint's source")
+    try:
+        AutoConfig.from_pretrained(str(config_path.parent), local_files_only=True)
+    except Exception as exc:
+        raise InputError(f"config.json is not a usable model config: {exc}", where=where,
+                         fix="use a model_type this transformers version knows (qwen2, llama, ...)"
+                         ) from exc
+
+
+def check_tokenizer_matches(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
+    """Raise InputError when the tokenizer can produce ids the model's embedding does not have.
+
+    A tokenizer smaller than the embedding is fine (models often pad their vocabulary).
+    """
+    rows = model.get_input_embeddings().weight.shape[0]
+    ids = [len(tokenizer) - 1] + [
+        i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.bos_token_id)
+        if i is not None
+    ]
+    if max(ids) >= rows:
+        raise InputError(
+            f"tokenizer has {len(tokenizer)} tokens (max id {max(ids)}) but the model's "
+            f"embedding has {rows} rows",
+            where="tokenizer",
+            fix="load the tokenizer saved with this model, or build the model with a larger vocab",
+        )
+
+
+@functools.cache
+def _cache_kwarg(model_cls: type) -> str:
+    params = inspect.signature(model_cls.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def kv_call(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    cache: Any,
+    *,
+    logits_to_keep: int = 0,
+) -> torch.Tensor:
+    """One forward pass with a KV cache; returns the logits (``[batch, kept positions, vocab]``).
+
+    The cache argument is passed as ``cache=`` (transformers >= 5.24) or ``past_key_values=``
+    (older), whichever the model's ``forward`` declares. ``logits_to_keep=1`` computes logits of
+    the last position only (prefill of long prompts with a large vocabulary).
+    """
+    kwargs = {_cache_kwarg(type(model)): cache}
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=True,
+        logits_to_keep=logits_to_keep,
+        **kwargs,
+    )
+    return out.logits

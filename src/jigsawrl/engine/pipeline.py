@@ -1,0 +1,278 @@
+"""One real GRPO pipeline on the local CPU, one method per sub-stage.
+
+What: :class:`RealPipeline` owns the actor, the rollout engine (with its own copy of the weights),
+the optional frozen reference, the task and the datasets. A step is::
+
+    data = p.rollout(step)    # timing_s/gen          sample batch_size × group_size responses
+    p.reward(data)            # timing_s/reward       score, group-normalised advantages
+    p.old_logprob(data)       # timing_s/old_log_prob recompute the behaviour log-probs
+    p.ref_logprob(data)       # timing_s/ref          only when kl_coef > 0
+    p.update(data)            # timing_s/update_actor PPO-clip AdamW step(s)
+    p.weight_sync()           # timing_s/update_weights actor -> rollout engine
+
+Why this shape: a later Ray runtime calls these methods one by one on workers and puts other
+pipelines' sub-stages in between, so each method reads and writes only ``self`` and the
+:class:`StepData` it is given, and :meth:`run_step` is just the six calls, timed.
+
+Determinism: the prompts of step ``s`` and every request's sampling seed derive from
+``(seed, s)`` only, so a resumed run (model + optimizer restored) repeats the steps it would
+have taken (tested). Simplification: the reference model is built only when ``kl_coef > 0``
+(verl's GRPO recipes run with the KL off; computing log-probs nobody reads would only cost time).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import torch
+
+from jigsawrl.config import PipelineSpec
+from jigsawrl.engine.agent import RESPONSE_END, AgentLoop, Trajectory, encode_prompt
+from jigsawrl.engine.checkpoint import (
+    apply_checkpoint,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from jigsawrl.engine.trainer import (
+    GRPOConfig,
+    GRPOTrainer,
+    TrainBatch,
+    build_batch,
+    group_advantages,
+)
+from jigsawrl.engine.warmstart import WarmStartSpec, warm_start
+
+log = logging.getLogger(__name__)
+
+POOL_SIZE = 2048  # training prompts drawn once; each step samples batch_size of them
+
+
+@dataclass
+class StepData:
+    """What flows between the sub-stages of one step."""
+
+    step: int
+    trajectories: list[Trajectory]
+    rewards: torch.Tensor | None = None
+    reward_infos: list[dict[str, Any]] = field(default_factory=list)
+    batch: TrainBatch | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def build_model_and_tokenizer(model: str, seed: int) -> tuple[torch.nn.Module, Any]:
+    """An ``ENGINE_MODELS`` preset (random init, char tokenizer) or a local HF model folder."""
+    from jigsawrl.engine.models import ENGINE_MODELS, build_model, load_local_model
+    from jigsawrl.errors import ConfigError
+
+    if model in ENGINE_MODELS:
+        return build_model(model, seed=seed)
+    if Path(model).is_dir():
+        return load_local_model(model)
+    raise ConfigError(f"unknown engine model {model!r}", where="pipelines.model",
+                      fix=f"use a preset ({', '.join(ENGINE_MODELS)}) or a local model folder")
+
+
+class RealPipeline:
+    """A GRPO pipeline on the local CPU (see module docstring).
+
+    Args:
+        spec: the pipeline's config section.
+        seed: experiment seed.
+        cache_dir: warm-start cache folder (None: the default).
+        reward_fn: optional ``fn(solution_str, example) -> float`` replacing the task's reward
+            (a reward that raises or returns a non-number gives 0 with the reason logged).
+    """
+
+    def __init__(self, spec: PipelineSpec, seed: int = 0, *, cache_dir: Path | None = None,
+                 reward_fn: Any = None) -> None:
+        self.spec = spec
+        self.seed = seed
+        self.cache_dir = cache_dir
+        self.reward_fn = reward_fn
+        self.started = False
+        self.warm_info: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ set-up
+
+    def start(self) -> None:
+        """Build task, model, warm start, reference, engine and trainer (the slow part)."""
+        from jigsawrl.engine.rollout import RolloutEngine
+        from jigsawrl.tasks import get_task
+
+        spec, tr = self.spec, self.spec.train
+        torch.set_num_threads(tr.threads or os.cpu_count() or 1)
+        torch.manual_seed(self.seed)
+        self.task = get_task(spec.task, **spec.rollout.task_params)
+        self.model, self.tokenizer = build_model_and_tokenizer(spec.model, self.seed)
+        self.pool = self.task.make_dataset(POOL_SIZE, self.seed, "train")
+        self.eval_set = self.task.make_dataset(tr.eval_size, self.seed, "test")
+        ws = WarmStartSpec(model_key=spec.model, task_key=f"{spec.task}{spec.rollout.task_params}",
+                           seed=self.seed, steps=tr.warmup_steps, lr=tr.warmup_lr,
+                           batch_size=tr.warmup_batch_size)
+        self.warm_info = warm_start(self.model, self.tokenizer, self.pool, ws, self.cache_dir)
+        ref = copy.deepcopy(self.model) if tr.kl_coef > 0 else None
+        self.trainer = GRPOTrainer(self.model, GRPOConfig(
+            lr=tr.lr, clip_eps=tr.clip_eps, kl_coef=tr.kl_coef, grad_clip=tr.grad_clip,
+            micro_batch_size=tr.micro_batch_size, ppo_epochs=tr.ppo_epochs), ref_model=ref)
+        self.engine = RolloutEngine(copy.deepcopy(self.model).eval(), self.tokenizer,
+                                    max_batch_tokens=spec.rollout.max_batch_tokens,
+                                    max_num_seqs=spec.rollout.max_num_seqs)
+        self.max_new_tokens = min(spec.max_response_tokens, int(self.task.max_response_chars))
+        self.started = True
+
+    def _params(self, temperature: float, top_p: float, seed: int | None) -> Any:
+        from jigsawrl.engine.rollout import SamplingParams
+
+        stop = tuple(dict.fromkeys((*self.task.stop, RESPONSE_END)))
+        return SamplingParams(max_new_tokens=self.max_new_tokens, temperature=temperature,
+                              top_p=top_p, stop=stop, seed=seed)
+
+    def _generate(self, examples: list[Any], ids: list[str], params: list[Any]) -> list[Trajectory]:
+        from jigsawrl.engine.rollout import GenerationRequest
+
+        reqs = [(ex, GenerationRequest(rid, encode_prompt(self.tokenizer, ex.prompt), p))
+                for ex, rid, p in zip(examples, ids, params, strict=True)]
+        loop = AgentLoop(self.engine, self.tokenizer, self.task,
+                         extra_latency_s=self.spec.rollout.tool_latency_s)
+        return loop.run(reqs)
+
+    # ------------------------------------------------------------------ sub-stages
+
+    def prompts_for(self, step: int) -> list[Any]:
+        """The ``batch_size`` prompts of ``step`` (a function of seed and step only)."""
+        rng = np.random.default_rng([self.seed, step])
+        n = self.spec.batch_size
+        idx = rng.choice(len(self.pool), size=n, replace=n > len(self.pool))
+        return [self.pool[int(i)] for i in idx]
+
+    def rollout(self, step: int) -> StepData:
+        """Sample ``group_size`` responses per prompt (groups contiguous)."""
+        g, ro = self.spec.group_size, self.spec.rollout
+        examples, ids, params = [], [], []
+        for i, ex in enumerate(self.prompts_for(step)):
+            for j in range(g):
+                examples.append(ex)
+                ids.append(f"{self.spec.name}/{step}/{i}/{j}")
+                params.append(self._params(ro.temperature, ro.top_p,
+                                           (self.seed * 1_000_003 + step * 10_007 + i * g + j)
+                                           % 2**31))
+        return StepData(step, self._generate(examples, ids, params))
+
+    def score(self, traj: Trajectory) -> tuple[float, dict[str, Any]]:
+        """The reward of one trajectory; never raises (bad rewards give 0, reason logged)."""
+        from jigsawrl.tasks import safe_score
+
+        if self.reward_fn is None:
+            return safe_score(self.task, traj.response_text, traj.example)
+        fn = self.reward_fn
+        shim = SimpleNamespace(name=self.spec.task,
+                               compute_score=lambda *_a, **_k: fn(traj.response_text, traj.example))
+        return safe_score(shim, traj.response_text, traj.example)  # type: ignore[arg-type]
+
+    def reward(self, data: StepData) -> None:
+        """Score every response, compute advantages and build the training batch."""
+        scored = [self.score(t) for t in data.trajectories]
+        data.rewards = torch.tensor([s for s, _ in scored], dtype=torch.float32)
+        data.reward_infos = [info for _, info in scored]
+        adv = group_advantages(data.rewards, self.spec.group_size)
+        seqs = [(t.prompt_ids, t.response_ids, t.response_mask) for t in data.trajectories]
+        data.batch = build_batch(seqs, adv, self.tokenizer.pad_token_id)
+
+    def old_logprob(self, data: StepData) -> None:
+        assert data.batch is not None, "run reward() first"
+        data.batch.old_logprobs = self.trainer.old_logprobs(data.batch)
+
+    def ref_logprob(self, data: StepData) -> None:
+        assert data.batch is not None, "run reward() first"
+        if self.trainer.ref_model is not None:
+            data.batch.ref_logprobs = self.trainer.ref_logprobs(data.batch)
+
+    def update(self, data: StepData) -> dict[str, float]:
+        assert data.batch is not None, "run reward() first"
+        metrics = self.trainer.update(data.batch)
+        data.metrics.update(metrics)
+        return metrics
+
+    def weight_sync(self) -> None:
+        """Copy the actor's weights into the rollout engine."""
+        self.engine.load_weights({k: v.detach() for k, v in self.model.state_dict().items()})
+
+    # ------------------------------------------------------------------ a whole step
+
+    def run_step(self, step: int) -> dict[str, float]:
+        """Run the six sub-stages of ``step``; return its verl-named metrics."""
+        timings: dict[str, float] = {}
+        t_step = time.perf_counter()
+
+        def timed(name: str, fn: Any, *args: Any) -> Any:
+            t0 = time.perf_counter()
+            out = fn(*args)
+            timings[f"timing_s/{name}"] = time.perf_counter() - t0
+            return out
+
+        data: StepData = timed("gen", self.rollout, step)
+        timed("reward", self.reward, data)
+        timed("old_log_prob", self.old_logprob, data)
+        timed("ref", self.ref_logprob, data)
+        timed("update_actor", self.update, data)
+        timed("update_weights", self.weight_sync)
+        timings["timing_s/step"] = time.perf_counter() - t_step
+        return {**rollout_metrics(data, timings["timing_s/step"]), **data.metrics, **timings}
+
+    def evaluate(self, n: int | None = None) -> float:
+        """Mean reward of greedy responses to the held-out prompts."""
+        examples = self.eval_set[: n or len(self.eval_set)]
+        if not examples:
+            return float("nan")
+        ids = [f"{self.spec.name}/eval/{i}" for i in range(len(examples))]
+        params = [self._params(0.0, 1.0, 0) for _ in examples]
+        trajs = self._generate(examples, ids, params)
+        return float(np.mean([self.score(t)[0] for t in trajs]))
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save(self, root: Path, step: int, meta: dict[str, Any] | None = None) -> Path:
+        return save_checkpoint(root, step, self.model, self.trainer.optimizer, meta)
+
+    def restore(self, root: Path) -> dict[str, Any] | None:
+        """Load the latest checkpoint under ``root`` (and sync the engine); its meta or None."""
+        path = latest_checkpoint(root)
+        if path is None:
+            return None
+        ckpt = load_checkpoint(path)
+        apply_checkpoint(ckpt, self.model, self.trainer.optimizer)
+        self.weight_sync()
+        log.info("resumed %s from %s (step %d)", self.spec.name, path, ckpt.step)
+        return ckpt.meta
+
+
+def rollout_metrics(data: StepData, step_s: float) -> dict[str, float]:
+    """Score, length, tool-call and throughput metrics of a step (verl names where they exist)."""
+    trajs = data.trajectories
+    rewards = data.rewards if data.rewards is not None else torch.zeros(len(trajs))
+    resp = np.array([len(t.response_ids) for t in trajs], dtype=float)
+    prompt = np.array([len(t.prompt_ids) for t in trajs], dtype=float)
+    tokens = float(resp.sum() + prompt.sum())
+    errors = sum(1 for info in data.reward_infos if "error" in info)
+    return {
+        "critic/score/mean": float(rewards.mean()), "critic/score/max": float(rewards.max()),
+        "critic/score/min": float(rewards.min()),
+        "response_length/mean": float(resp.mean()), "response_length/max": float(resp.max()),
+        "response_length/clip_ratio": float(np.mean([t.finish_reason == "length" for t in trajs])),
+        "prompt_length/mean": float(prompt.mean()),
+        "env/tool_calls_per_sample": float(np.mean([t.num_tool_calls for t in trajs])),
+        "env/tool_wait_s": float(sum(t.tool_wait_s for t in trajs)),
+        "reward/errors": float(errors),
+        "perf/total_num_tokens": tokens,
+        "perf/throughput": tokens / step_s if step_s > 0 else 0.0,
+        "perf/samples_per_s": len(trajs) / step_s if step_s > 0 else 0.0,
+    }
