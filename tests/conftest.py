@@ -16,6 +16,9 @@ class FakeCost:
 
     decode_iter_s = 1.0
 
+    class params:  # noqa: N801 (mirrors CostModel.params)
+        s_sat = 0.4
+
     def decode_span_time_s(self, model, tp, batch, ctx, iters, share=1.0):  # noqa: ANN001
         return self.decode_iter_s * iters
 

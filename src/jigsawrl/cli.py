@@ -121,7 +121,8 @@ def compare(
         "verl-split,verl-serial"),
     seeds: Annotated[int, typer.Option(min=1, help="seeds per policy")] = 1,
     set_: SetOpt = None,
-    out_dir: Annotated[Path | None, typer.Option("--out", help="write compare.json here")] = None,
+    out_dir: Annotated[Path | None, typer.Option(
+        "--out", help="write compare.json, compare.png and per-policy timelines here")] = None,
     baseline: Annotated[str | None, typer.Option(help="policy the ratios are taken to")] = None,
 ) -> None:
     """Run several policies on one config, side by side, and print one table."""
@@ -133,13 +134,16 @@ def compare(
     names = [p.strip() for p in policies.split(",") if p.strip()]
     with _progress() as prog:
         task = prog.add_task("comparing", total=len(names) * seeds)
-        result = compare_policies(cfg, names, seeds=seeds,
-                                  on_run=lambda: prog.advance(task), baseline=baseline)
+        result = compare_policies(cfg, names, seeds=seeds, on_run=lambda: prog.advance(task),
+                                  baseline=baseline, keep_events=out_dir is not None)
     out.print(compare_table(result.mean_summaries, baseline=result.baseline))
-    if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "compare.json").write_text(json.dumps(result.to_json(), indent=1))
-        out.print(f"wrote [bold]{out_dir / 'compare.json'}[/]")
+    if out_dir is not None:  # compare.json, compare.png, <policy>/ run folders with timelines
+        from jigsawrl.compare import write_compare
+        from jigsawrl.config import dump_config
+
+        write_compare(out_dir, result, config_yaml=dump_config(cfg), title=cfg.name or config.stem)
+        out.print(f"wrote [bold]{out_dir}[/]: compare.json, compare.png, "
+                  f"{', '.join(p + '/' for p in result.policies)} (first-seed run folders)")
 
 
 # ---------------------------------------------------------------------------- list / report
@@ -181,6 +185,76 @@ def bench_sim_speed(
     table.add_row(str(res["devices"]), str(res["pipelines"]), str(res["steps"]),
                   str(res["events"]), f"{res['best_s']:.2f}", f"{res['median_s']:.2f}")
     out.print(table)
+
+
+# ---- bench paper / bench decide (benchmark harness of the paper's evaluation) ---- begin
+@bench_app.command("paper")
+@user_errors
+def bench_paper(
+    quick: Annotated[bool, typer.Option(help="reduced matrix (quick groups, shrunk)")] = False,
+    seeds: Annotated[int | None, typer.Option(min=1, help="seeds per policy (3; quick: 1)")] = None,
+    out_dir: Annotated[Path, typer.Option("--out", help="results folder")] = Path("runs/paper"),
+    matrix: Annotated[Path, typer.Option(help="folder of matrix files")] = Path("configs/paper"),
+    only: Annotated[str | None, typer.Option(help="comma-separated group names")] = None,
+    timelines: Annotated[bool, typer.Option(help="per-policy run folders + timelines")] = False,
+) -> None:
+    """Run the paper's evaluation matrix side by side; write BENCHMARKS-paper.md."""
+    import shlex
+
+    from jigsawrl.benchpaper import REPORT_FILE, GroupResult, run_paper
+    from jigsawrl.benchpaper_md import summary_claims
+    from jigsawrl.metrics.report import compare_table
+
+    def show(g: GroupResult) -> None:
+        if g.result is not None:
+            table = compare_table(g.result.mean_summaries, baseline=g.result.baseline)
+            table.title = f"{g.group.name} — {g.group.title} ({g.wall_s:.1f} s)"
+            out.print(table)
+        for label, why in g.skipped.items():
+            out.print(f"  [yellow]skipped {label}[/]: {why.splitlines()[0]}", highlight=False)
+
+    names = [x.strip() for x in only.split(",") if x.strip()] if only else None
+    # The command as it reproduces this run (rebuilt from the options, not from sys.argv).
+    command = shlex.join(["jigsawrl", "bench", "paper", *(["--quick"] if quick else []),
+                          *(["--seeds", str(seeds)] if seeds else []), "--out", str(out_dir),
+                          "--matrix", str(matrix), *(["--only", only] if only else []),
+                          *(["--timelines"] if timelines else [])])
+    t0 = time.perf_counter()
+    run = run_paper(matrix, quick=quick, seeds=seeds, out_dir=out_dir, only=names,
+                    command=command, timelines=timelines, on_group=show)
+    table = Table(title="summary against the paper")
+    for col in ("claim", "paper", "here", "groups"):
+        table.add_column(col, justify="left" if col == "claim" else "right")
+    for c in summary_claims(run):
+        table.add_row(c.what, c.paper, c.ours, str(c.groups))
+    out.print(table)
+    out.print(f"{len(run.groups)} groups in {time.perf_counter() - t0:.1f} s; "
+              f"report: [bold]{out_dir / REPORT_FILE}[/]")
+
+
+@bench_app.command("decide")
+@user_errors
+def bench_decide(
+    policy: Annotated[str, typer.Option(help="scheduler name")] = "jigsaw",
+    devices: Annotated[int, typer.Option(min=1, help="H100s (8 per node)")] = 64,
+    pipelines: Annotated[int, typer.Option(min=1, help="Qwen3-4B pipelines, mixed tasks")] = 8,
+    steps: Annotated[int, typer.Option(min=1, help="steps per pipeline")] = 3,
+) -> None:
+    """Distribution of a policy's decision times (target: p99 <= 10 ms at 64 GPUs x 8)."""
+    from jigsawrl.benchdecide import bench_decide as measure
+    from jigsawrl.benchpaper import machine_info
+
+    s = measure(policy, devices, pipelines, steps=steps)
+    m = machine_info()
+    table = Table(title=f"decision times of {policy}: {devices}x H100, {pipelines} pipelines, "
+                  f"{steps} steps", caption=f"{m['cpu']}, {m['cores']} cores; simulated in "
+                  f"{s.wall_s:.1f} s")
+    for col in ("decisions", "p50 ms", "p90 ms", "p99 ms", "max ms", "mean ms"):
+        table.add_column(col, justify="right")
+    cells = [s.p50_ms, s.p90_ms, s.p99_ms, s.max_ms, s.mean_ms]
+    table.add_row(str(s.count), *("–" if v is None else f"{v:.2f}" for v in cells))
+    out.print(table)
+# ---- bench paper / bench decide ---- end
 
 
 def _register_engine() -> None:

@@ -2,19 +2,33 @@
 
 Every policy runs on the same sampled workload (same seeds), so ratios are measured in one run,
 as DESIGN.md §6 asks. Each seed's solo-latency reference is computed once and shared.
+
+A compared entry is a *label*: a registered policy name, or a label mapped by ``variants`` to a
+policy and its params (``{"jigsaw-depth0": ("jigsaw", {"depth": 0})}``, for ablations). With
+``keep_events`` the first seed's :class:`~jigsawrl.runner.SimRun` of each label is kept in
+``CompareResult.first_runs`` (for timelines); it is not part of ``to_json``.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from jigsawrl.config import ExperimentConfig
+from jigsawrl.config import ExperimentConfig, SchedulerSpec
+from jigsawrl.driver.state import InvariantError
 from jigsawrl.errors import ConfigError
-from jigsawrl.runner import simulate, solo_latencies
+from jigsawrl.runner import SimRun, simulate, solo_latencies
 from jigsawrl.scheduler import list_policies
+
+log = logging.getLogger(__name__)
+
+# label -> (registered policy name, its scheduler params)
+Variants = Mapping[str, tuple[str, Mapping[str, Any]]]
 
 # Summary fields averaged over seeds (with their spread) for the comparison table.
 NUMERIC_FIELDS = ("throughput_tokens_per_s", "makespan_s", "busy_fraction", "mfu",
@@ -27,6 +41,8 @@ class CompareResult:
     seeds: list[int]
     baseline: str
     runs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # policy -> summaries
+    first_runs: dict[str, SimRun] = field(default_factory=dict)  # with keep_events only
+    skipped: dict[str, str] = field(default_factory=dict)  # label -> why (skip_failed)
 
     @property
     def mean_summaries(self) -> dict[str, dict[str, Any]]:
@@ -39,20 +55,32 @@ class CompareResult:
 
     def to_json(self) -> dict[str, Any]:
         return {"policies": self.policies, "seeds": self.seeds, "baseline": self.baseline,
-                "runs": self.runs, "mean": self.mean_summaries, "throughput_ratios": self.ratios()}
+                "runs": self.runs, "mean": self.mean_summaries, "throughput_ratios": self.ratios(),
+                **({"skipped": self.skipped} if self.skipped else {})}
 
 
 def compare_policies(cfg: ExperimentConfig, policies: list[str], *, seeds: int = 1,
                      on_run: Callable[[], None] | None = None,
-                     baseline: str | None = None) -> CompareResult:
-    """Simulate each policy for seeds ``cfg.seed .. cfg.seed + seeds - 1``.
+                     baseline: str | None = None, keep_events: bool = False,
+                     variants: Variants | None = None,
+                     skip_failed: bool = False) -> CompareResult:
+    """Simulate each policy (label) for seeds ``cfg.seed .. cfg.seed + seeds - 1``.
+
+    Args:
+        keep_events: keep each label's first-seed run (events included) in ``first_runs``.
+        variants: labels that stand for a registered policy with params.
+        skip_failed: a label whose run raises :class:`ConfigError` (e.g. does not fit in
+            memory) or :class:`InvariantError` (the policy asked the pool for the impossible)
+            is dropped with a logged warning and its reason kept in ``skipped``; the baseline
+            is never dropped.
 
     Raises:
         ConfigError: an unknown policy name or baseline.
     """
+    variants = variants or {}
     known = set(list_policies())
     for p in policies:
-        if p not in known:
+        if variants.get(p, (p,))[0] not in known:
             raise ConfigError(f"unknown policy {p!r}", where="--policies",
                               fix=f"use names from: {', '.join(sorted(known))}")
     if not policies:
@@ -64,12 +92,35 @@ def compare_policies(cfg: ExperimentConfig, policies: list[str], *, seeds: int =
     result = CompareResult(list(policies), seed_list, base)
     for seed in seed_list:
         solo = solo_latencies(cfg, seed)
-        for p in policies:
-            run = simulate(cfg, policy=p, seed=seed, solo=solo)
+        for p in list(result.policies):
+            try:
+                run = _simulate_label(cfg, p, variants, seed, solo)
+            except (ConfigError, InvariantError) as exc:
+                if not skip_failed or p == base:
+                    raise
+                log.warning("skipping %s: %s: %s", p, type(exc).__name__, exc)
+                result.skipped[p] = f"{type(exc).__name__}: {exc}"
+                result.policies.remove(p)
+                result.runs.pop(p, None)
+                result.first_runs.pop(p, None)
+                continue
             result.runs.setdefault(p, []).append(run.summary)
+            if keep_events and p not in result.first_runs:
+                result.first_runs[p] = run
             if on_run is not None:
                 on_run()
     return result
+
+
+def _simulate_label(cfg: ExperimentConfig, label: str, variants: Variants, seed: int,
+                    solo: dict[str, float]) -> SimRun:
+    if label not in variants:
+        return simulate(cfg, policy=label, seed=seed, solo=solo)
+    name, params = variants[label]
+    cfg_v = cfg.model_copy(update={"scheduler": SchedulerSpec(name=name, params=dict(params))})
+    run = simulate(cfg_v, policy=name, seed=seed, solo=solo)
+    run.summary["label"] = label
+    return run
 
 
 def _mean_summary(summaries: list[dict[str, Any]]) -> dict[str, Any]:
@@ -81,3 +132,28 @@ def _mean_summary(summaries: list[dict[str, Any]]) -> dict[str, Any]:
             out[f"{key}_std"] = statistics.pstdev(vals) if len(vals) > 1 else 0.0
     out["seeds"] = len(summaries)
     return out
+
+
+def write_compare(out_dir: Path, result: CompareResult, *, config_yaml: str,
+                  title: str = "policies compared", highlight: str | None = None,
+                  plots: bool = True) -> list[Path]:
+    """Write ``compare.json`` and (``plots``) ``compare.png`` and, for the labels whose first run
+    was kept (``keep_events``), their run folders ``out_dir/<label>/`` with a timeline.
+
+    Returns:
+        the files and folders written.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = [out_dir / "compare.json"]
+    written[0].write_text(json.dumps(result.to_json(), indent=1))
+    if not plots:
+        return written
+    from jigsawrl.metrics.compare_plots import plot_compare, write_policy_runs  # matplotlib
+
+    runs = {p: result.runs[p] for p in result.policies if p in result.runs}
+    written.append(plot_compare(out_dir / "compare.png", runs, baseline=result.baseline,
+                                title=title, highlight=highlight))
+    first = {p: (r.events, r.summary, r.info) for p, r in result.first_runs.items()}
+    written += write_policy_runs(out_dir, first, config_yaml=config_yaml)
+    return written

@@ -40,6 +40,13 @@ VERL_TIMING = {
 }
 
 
+# Stages that move data or run on the host CPU: they may hold devices at compute share 0.
+HOST_STAGES = frozenset({"reward", "weight_sync", "offload", "onload"})
+# Memory moves a policy may launch for a pipeline at any time: they are no stage of a step (not in
+# ``stage_sequence``), so they skip the readiness check and mark nothing done.
+MEMORY_MOVES = ("offload", "onload")
+
+
 class SchedulerStalled(RuntimeError):
     """The policy started nothing while nothing runs and pipelines are unfinished."""
 
@@ -159,11 +166,14 @@ class Driver:
         stage = ROLLOUT if isinstance(a, StartRollout) else a.stage
         ps = self.state.pipes[a.pipeline]
         tid = task_id(a.pipeline, a.step, stage)
-        if (a.step, stage) not in ps.view().ready():
+        if stage in MEMORY_MOVES:
+            if tid in ps.running:
+                raise InvariantError(f"{tid} is already running")
+        elif (a.step, stage) not in ps.view().ready():
             raise InvariantError(f"{tid} is not ready (dependencies unmet, running or done)")
         mem = a.mem_bytes if isinstance(a, StartStage) else (
             a.kv_mem_bytes + self.cost.rollout_weight_bytes(ps.res.model, a.tp))
-        self.state.acquire(tid, a.devices, a.share, mem)
+        self.state.acquire(tid, a.devices, a.share, mem, host_stage=stage in HOST_STAGES)
         ps.touch()
         now = self.executor.now_s
         ps.running[tid] = RunningTask(tid, a.pipeline, a.step, stage, a.devices, a.share, now)
@@ -173,6 +183,7 @@ class Driver:
                                       rank_shares=(a.share,) * len(ranks))
             ps.step_start_s[a.step] = now
             ps.unfinished[tid] = [0] * (len(a.devices) // a.tp)
+            ps.ctx_tokens[tid] = [0] * (len(a.devices) // a.tp)
         self.executor.launch(a)
         return 1
 
@@ -183,6 +194,7 @@ class Driver:
             counts = ps.unfinished.get(note.task_id)
             if counts is not None and note.rank < len(counts):
                 counts[note.rank] = note.unfinished
+                ps.ctx_tokens[note.task_id][note.rank] = note.ctx_tokens
                 ps.touch()
         elif isinstance(note, TaskDone):
             self._task_done(note)
@@ -194,7 +206,10 @@ class Driver:
         ps.touch()
         task = ps.running.pop(note.task_id)
         ps.unfinished.pop(note.task_id, None)
+        ps.ctx_tokens.pop(note.task_id, None)
         self.state.release(note.task_id)
+        if note.stage in MEMORY_MOVES:
+            return
         ps.done.setdefault(note.step, set()).add(note.stage)
         timings = ps.stage_s.setdefault(note.step, {})
         timings[VERL_TIMING.get(note.stage, note.stage)] = note.time_s - task.start_s
@@ -206,6 +221,8 @@ class Driver:
 
     def _step_finished(self, ps: PipelineState, step: int, now: float) -> None:
         start = ps.step_start_s.pop(step)
+        ps.sync_end_s[step] = now
+        ps.sync_end_s.pop(step - 8, None)
         timings = dict(ps.stage_s.pop(step, {}))
         timings["step"] = now - start
         del ps.done[step]

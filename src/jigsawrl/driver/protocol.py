@@ -35,6 +35,7 @@ class RankProgress:
     unfinished: int
     band: str
     time_s: float
+    ctx_tokens: int = 0  # tokens of context held by its unfinished requests (KV usage)
 
 
 @dataclass(frozen=True, slots=True)

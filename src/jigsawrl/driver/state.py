@@ -35,11 +35,21 @@ class PipelineState:
     steps_completed: int = 0
     running: dict[str, RunningTask] = field(default_factory=dict)
     history: list[StepObservation] = field(default_factory=list)
-    step_start_s: dict[int, float] = field(default_factory=dict)
+    step_start_s: dict[int, float] = field(default_factory=dict)  # when the step became ready
     stage_s: dict[int, dict[str, float]] = field(default_factory=dict)
     unfinished: dict[str, list[int]] = field(default_factory=dict)  # rollout tid -> per rank
+    ctx_tokens: dict[str, list[int]] = field(default_factory=dict)  # rollout tid -> per rank
     failed: str | None = None
     _cached: PipelineView | None = None
+
+    sync_end_s: dict[int, float] = field(default_factory=dict)  # step -> weight sync end
+
+    def ready_since(self, step: int) -> float:
+        """When ``step``'s rollout became allowed: the weight sync of step - 1 - η (AReaL's
+        staleness bound; η = 0 for sync), or the pipeline's start."""
+        spec = self.res.spec
+        eta = spec.max_staleness if spec.mode == "async" else 0
+        return self.sync_end_s.get(step - 1 - eta, spec.start_s)
 
     def touch(self) -> None:
         """Invalidate the cached view (call after any change)."""
@@ -51,7 +61,8 @@ class PipelineState:
         return self._cached
 
     def _build_view(self) -> PipelineView:
-        running = tuple(replace(t, unfinished_per_rank=tuple(self.unfinished.get(t.task_id, ())))
+        running = tuple(replace(t, unfinished_per_rank=tuple(self.unfinished.get(t.task_id, ())),
+                                ctx_tokens_per_rank=tuple(self.ctx_tokens.get(t.task_id, ())))
                         for t in self.running.values())
         done = MappingProxyType({k: frozenset(v) for k, v in self.done.items()})
         return PipelineView(self.res.spec.name, self.res.index, self.res.spec, self.res.model,
@@ -120,8 +131,15 @@ class DriverState:
                     f"device {d}: {pipeline} state of {nbytes / 1e9:.1f} GB exceeds memory "
                     f"({dev.used / 1e9:.1f} of {dev.capacity / 1e9:.1f} GB)")
 
-    def acquire(self, tid: str, devices: tuple[int, ...], share: float, mem: float) -> None:
-        if not 0 < share <= 1 + EPS:
+    def acquire(self, tid: str, devices: tuple[int, ...], share: float, mem: float,
+                host_stage: bool = False) -> None:
+        """Reserve ``share`` of compute and ``mem`` bytes on each device for task ``tid``.
+
+        Host-bound stages (transfers: weight sync, offload/onload) may hold a device with share 0:
+        they use links and memory bandwidth, not compute.
+        """
+        low = 0.0 if host_stage else EPS
+        if not low <= share <= 1 + EPS:
             raise InvariantError(f"{tid}: compute share {share} is not in (0, 1]")
         for d in devices:
             dev = self._device(d)

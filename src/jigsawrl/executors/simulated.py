@@ -38,6 +38,11 @@ from jigsawrl.workload.resolve import Experiment, ResolvedPipeline
 
 log = logging.getLogger(__name__)
 
+# Memory-bandwidth demand of a running compute-bound stage (log-prob / update) per unit of compute
+# share: training kernels are compute-bound but still stream weights and activations. An
+# assumption (≈ 25% of HBM bandwidth at full share) until `jigsawrl profile` measures it.
+COMPUTE_BW_DEMAND = 0.25
+
 # Accuracy of StreamRL's output-length ranker as modelled here: predicted = true × e^N(0, σ).
 # σ = 0.5 keeps the rank correlation around 0.8 on our length distributions (an assumption).
 RANKER_SIGMA = 0.5
@@ -63,6 +68,7 @@ class _Rank:
     last_unfinished: int = -1
     wake: Entry | None = None  # pending re-plan after tool results (one per instant)
     redirect: _Rank | None = None  # after migration: where this rank's tool results go
+    kappa: float = 1.0  # memory-bandwidth contention on its devices when its segment was planned
 
 
 @dataclass(slots=True, eq=False)
@@ -107,6 +113,11 @@ class SimulatedExecutor:
         self._notes: list[Notification] = []
         self._step_samples: dict[tuple[str, int], list[RequestTruth]] = {}
         self._step_tokens: dict[tuple[str, int], tuple[int, int, int]] = {}
+        # Memory-bandwidth demand per device: key (task id, rank) -> demand (1.0 = all of HBM).
+        self._demand: list[dict[tuple[str, int], float]] = [{} for _ in range(exp.num_devices)]
+        self._ranks_on: list[set[int]] = [set() for _ in range(exp.num_devices)]
+        self._rank_by_id: dict[int, tuple[_RolloutTask, _Rank]] = {}
+        self._touched: set[int] = set()
 
     # ------------------------------------------------------------------ protocol
     @property
@@ -131,6 +142,7 @@ class SimulatedExecutor:
             self._launch_rollout(action)
         else:
             self._launch_work(action)
+        self._refresh()
 
     def set_share(self, action: SetShare) -> None:
         if action.task_id in self._works:
@@ -143,6 +155,7 @@ class SimulatedExecutor:
                     self._rescale_rank(task, rank, action.share)
         else:
             raise KeyError(f"set_share: no running task {action.task_id!r}")
+        self._refresh()
 
     def migrate(self, action: Migrate) -> None:
         """Move the unfinished requests of ``src_ranks`` onto ``dst_rank`` (re-prefill there)."""
@@ -161,6 +174,7 @@ class SimulatedExecutor:
         log.debug("%s: migrated %d requests from %s to %d", task.tid, moved, action.src_ranks,
                   action.dst_rank)
         self._replan(task, dst)
+        self._refresh()
 
     def interrupt(self, action: Interrupt) -> None:
         """Abort and resume in place every in-flight request of a rollout (AReaL on new weights)."""
@@ -202,6 +216,7 @@ class SimulatedExecutor:
                 break
             kind, *args = entry.payload
             handlers[kind](*args)
+            self._refresh()
         out, self._notes = self._notes, []
         return out
 
@@ -259,8 +274,10 @@ class SimulatedExecutor:
 
     def _plan_rank(self, task: _RolloutTask, rank: _Rank) -> None:
         now = self.q.now_s
-        seg = rank.inst.next_segment(now, rank.share)
+        rank.kappa = self._kappa(task, rank)
+        seg = rank.inst.next_segment(now, rank.share, self._decode_share(rank))
         rank.seg = seg
+        self._set_demand(task, rank, self._bw(rank.share) if seg is not None else 0.0)
         if seg is not None:
             self._extend_span(task, rank, seg.kind, now, seg.share, seg.flops, seg.tokens)
             rank.entry = self.q.schedule(now + seg.duration_s, ("seg", task, rank), PRIO_FINISH)
@@ -319,12 +336,33 @@ class SimulatedExecutor:
         self._apply_result(task, rank, res)
 
     def _rescale_rank(self, task: _RolloutTask, rank: _Rank, share: float) -> None:
-        if rank.seg is not None and rank.seg.iters:
+        seg = rank.seg
+        if seg is not None and seg.iters:
             self._interrupt(task, rank)
             rank.share = share
             self._plan_rank(task, rank)
-        else:  # prefill or idle: the new share applies from the next segment
+        elif seg is not None:  # a prefill: re-time its rest at the new share from now on
+            self._retime_prefill(task, rank, seg, share)
+        else:  # idle: the new share applies from the next segment
             rank.share = share
+            self._set_demand(task, rank, 0.0)
+
+    def _retime_prefill(self, task: _RolloutTask, rank: _Rank, seg: Segment,
+                        share: float) -> None:
+        now = self.q.now_s
+        done = min(1.0, (now - seg.start_s) / seg.duration_s) if seg.duration_s > 0 else 1.0
+        self.q.cancel(rank.entry)
+        if rank.open is not None:  # the old span keeps only the work done so far
+            rank.open.flops -= seg.flops * (1 - done)
+            rank.open.tokens -= int(seg.tokens * (1 - done))
+        full = self.cost.prefill_time_s(task.pipe.model, rank.inst.tp, max(1, seg.tokens),
+                                        seg.ctx, share, num_seqs=max(1, seg.batch))
+        rest = Segment("prefill", now, full * (1 - done), 0, seg.batch, seg.ctx,
+                       int(seg.tokens * (1 - done)), seg.flops * (1 - done), share)
+        rank.share, rank.seg = share, rest
+        self._extend_span(task, rank, "prefill", now, share, rest.flops, rest.tokens)
+        rank.entry = self.q.schedule(now + rest.duration_s, ("seg", task, rank), PRIO_FINISH)
+        self._set_demand(task, rank, self._bw(share))
 
     def _report_progress(self, task: _RolloutTask, rank: _Rank) -> None:
         n = rank.inst.unfinished
@@ -332,7 +370,8 @@ class SimulatedExecutor:
             rank.last_unfinished = n
             band = rank.seg.kind if rank.seg is not None else ("tool_wait" if n else "done")
             idx = task.ranks.index(rank)
-            self._notes.append(RankProgress(task.tid, idx, n, band, self.q.now_s))
+            self._notes.append(RankProgress(task.tid, idx, n, band, self.q.now_s,
+                                            rank.inst.context_tokens()))
 
     def _finish_rollout(self, task: _RolloutTask) -> None:
         del self._rollouts[task.tid]
@@ -343,6 +382,58 @@ class SimulatedExecutor:
             sum(prompt) + sum(resp), len(samples), sum(resp))
         self._notes.append(TaskDone(task.tid, task.pipe.spec.name, task.step, ROLLOUT,
                                     self.q.now_s, prompt, resp))
+
+    # ------------------------------------------------------------------ bandwidth contention
+    # Co-located sub-stages share a device's HBM bandwidth. A decode at share s can use
+    # bw_fraction(s) of it alone; when the demands on a device sum above 1, every decode there
+    # gets its demand scaled by 1/κ (κ = summed demand), which the executor turns into a lower
+    # effective share for decode segments. Compute-bound stages are assumed not to slow from it.
+    def _bw(self, share: float) -> float:
+        s_sat = self.cost.params.s_sat
+        return min(1.0, share / s_sat)
+
+    def _kappa(self, task: _RolloutTask, rank: _Rank) -> float:
+        return max((sum(self._demand[d].values()) + (0.0 if (task.tid, id(rank)) in
+                                                       self._demand[d] else self._bw(rank.share))
+                    for d in rank.devices), default=1.0)
+
+    def _decode_share(self, rank: _Rank) -> float:
+        if rank.kappa <= 1.0 + 1e-9:
+            return rank.share
+        return min(rank.share, self.cost.params.s_sat * self._bw(rank.share) / rank.kappa)
+
+    def _set_demand(self, task: _RolloutTask | _Work, rank: _Rank | None, demand: float) -> None:
+        tid = task.tid
+        key = (tid, id(rank) if rank is not None else 0)
+        devices = rank.devices if rank is not None else task.devices
+        for d in devices:
+            cur = self._demand[d].get(key, 0.0)
+            if abs(cur - demand) < 1e-12:
+                continue
+            if demand > 0:
+                self._demand[d][key] = demand
+            else:
+                self._demand[d].pop(key, None)
+            self._touched.add(d)
+        if rank is not None:
+            self._rank_by_id[id(rank)] = (task, rank)
+            for d in devices:
+                (self._ranks_on[d].add if demand > 0 else self._ranks_on[d].discard)(id(rank))
+
+    def _refresh(self) -> None:
+        """Re-time decodes whose devices' bandwidth contention changed (bounded passes)."""
+        for _ in range(4):
+            if not self._touched:
+                return
+            touched, self._touched = self._touched, set()
+            ids = set().union(*(self._ranks_on[d] for d in touched))
+            for rid in sorted(ids):
+                task, rank = self._rank_by_id[rid]
+                if task.tid not in self._rollouts or rank.seg is None or not rank.seg.iters:
+                    continue
+                if abs(self._kappa(task, rank) - rank.kappa) > 1e-9:
+                    self._interrupt(task, rank)
+                    self._plan_rank(task, rank)
 
     # ------------------------------------------------------------------ spans
     def _extend_span(self, task: _RolloutTask, rank: _Rank, stage: str, now: float, share: float,
@@ -368,7 +459,8 @@ class SimulatedExecutor:
     def _launch_work(self, a: StartStage) -> None:
         pipe = self.exp.pipeline(a.pipeline)
         tid = task_id(a.pipeline, a.step, a.stage)
-        full_s, flops, tokens = self._stage_cost(pipe, a.step, a.stage, len(a.devices))
+        n = len(a.devices) or self.exp.num_devices  # a host stage may name no device
+        full_s, flops, tokens = self._stage_cost(pipe, a.step, a.stage, n)
         w = _Work(tid, pipe, a.step, a.stage, a.devices, a.share, full_s, self.q.now_s, flops,
                   tokens, total_full_s=full_s, span_start_s=self.q.now_s)
         self._works[tid] = w
@@ -393,8 +485,14 @@ class SimulatedExecutor:
             return c.host_transfer_time_s(c.train_state_bytes(m, n) * n, n), 0.0, 0
         raise ValueError(f"unknown stage {stage!r}")
 
+    def _work_demand(self, w: _Work) -> float:
+        return COMPUTE_BW_DEMAND * w.share if w.stage in ("old_logprob", "ref_logprob",
+                                                          "actor_update") else 0.0
+
     def _schedule_work(self, w: _Work) -> None:
-        w.slowdown = self.cost.slowdown(w.stage, w.share, model=w.pipe.model)
+        self._set_demand(w, None, self._work_demand(w))
+        w.slowdown = (1.0 if w.share <= 0 else
+                      self.cost.slowdown(w.stage, w.share, model=w.pipe.model))
         w.since_s = self.q.now_s
         w.entry = self.q.schedule(self.q.now_s + w.remaining_full_s * w.slowdown,
                                   ("work", w), PRIO_FINISH)
@@ -426,4 +524,5 @@ class SimulatedExecutor:
         w.remaining_full_s = 0.0
         self._emit_work_span(w, self.q.now_s)
         del self._works[w.tid]
+        self._set_demand(w, None, 0.0)
         self._notes.append(TaskDone(w.tid, w.pipe.spec.name, w.step, w.stage, self.q.now_s))

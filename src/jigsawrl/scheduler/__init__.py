@@ -3,7 +3,14 @@
 Importing this package registers the built-in policies.
 """
 
-from jigsawrl.scheduler import verl  # noqa: F401,E402  (registers verl-split / verl-serial)
+from jigsawrl.scheduler import (  # noqa: F401,E402  (importing registers the policies)
+    areal,
+    jigsaw,
+    muxserve,
+    rollmux,
+    streamrl,
+    verl,
+)
 from jigsawrl.scheduler.base import (  # noqa: F401
     Decision,
     Interrupt,

@@ -144,6 +144,7 @@ class RunningTask:
     unfinished_per_rank: tuple[int, ...] = ()  # rollout only: requests not yet finished per rank
     rank_devices: tuple[tuple[int, ...], ...] = ()  # rollout only: devices of each live rank
     rank_shares: tuple[float, ...] = ()  # rollout only: share of each rank (0 = released)
+    ctx_tokens_per_rank: tuple[int, ...] = ()  # rollout only: KV context held per rank
 
 
 @dataclass(frozen=True, slots=True)

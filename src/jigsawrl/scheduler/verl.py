@@ -159,6 +159,8 @@ class VerlPolicy:
             engine = min(self.gpu_memory_utilization * hbm, hbm - resident)
             return StartRollout(pv.name, step, devs, pv.spec.rollout_tp,
                                 kv_mem_bytes=max(0.0, engine - weights))
+        if stage == "reward":  # rule-based reward runs on the controller's CPU; devices idle
+            return StartStage(pv.name, step, stage, (), share=0.0)
         mem = 0.0
         if stage in TRAIN_STAGES_WITH_ACTIVATIONS:
             mem = cost.activation_bytes(pv.model, MICRO_BATCH_TOKENS, len(devs))

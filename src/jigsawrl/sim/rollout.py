@@ -141,15 +141,22 @@ class RolloutInstance:
     def done(self) -> bool:
         return not self.queue and self.n_running == 0 and self.tool_waiting == 0
 
+    def context_tokens(self) -> int:
+        """Context tokens of unfinished requests (what a migration must re-prefill)."""
+        return self.total_ctx + sum(r.ctx for r in self.queue)
+
     @property
     def unfinished(self) -> int:
         return len(self.queue) + self.n_running + self.tool_waiting
 
     # ------------------------------------------------------------------ planning
-    def next_segment(self, now_s: float, share: float) -> Segment | None:
+    def next_segment(self, now_s: float, share: float,
+                     decode_share: float | None = None) -> Segment | None:
         """Plan (and for prefill, apply admission of) the next segment; ``None`` if nothing runs.
 
-        When ``None`` and ``tool_waiting > 0`` the instance is idle waiting for tools.
+        ``decode_share`` (default ``share``) times decode segments: the executor lowers it when
+        co-located work contends for the device's memory bandwidth. When ``None`` is returned and
+        ``tool_waiting > 0`` the instance is idle waiting for tools.
         """
         admitted = self._admit()
         if admitted:
@@ -164,7 +171,8 @@ class RolloutInstance:
             room = (self.kv_budget - self.total_ctx) // self.n_running
         iters = max(1, min(iters, room))
         b, c = self.n_running, self.total_ctx
-        dur = self.cost.decode_span_time_s(self.model, self.tp, b, c, iters, share)
+        eff = share if decode_share is None else decode_share
+        dur = self.cost.decode_span_time_s(self.model, self.tp, b, c, iters, eff)
         flops = self.cost.decode_flops(self.model, b, c, iters)
         return Segment(decode_band(b), now_s, dur, iters, b, c, b * iters, flops, share)
 

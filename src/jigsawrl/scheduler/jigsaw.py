@@ -1,0 +1,686 @@
+"""``jigsaw``: the JigsawRL scheduler — sub-stage multiplexing, dynamic shares, tail migration,
+look-ahead, history-based prediction — and ``greedy`` (the same with look-ahead depth 0).
+
+How it decides (every decision point; DESIGN.md §2):
+
+1. **Shared pool.** Every pipeline's train state and reference are resident on every device
+   (FSDP over the pool), so any pipeline's sub-stage can run on any device. Each rollout engine
+   gets an equal slice of the memory left (the prototype gave each engine ~20% of the device).
+2. **Multiplexing.** A device hosts up to ``max_colocated`` rollout engines of different
+   pipelines plus at most one compute-bound stage (log-prob / update): memory-bound decodes pair
+   with each other and with compute-bound training. A rollout takes at most a fair share of the
+   pool's engine slots, on the least-loaded devices.
+3. **Dynamic allocation.** The split of a device's compute between co-located sub-stages is chosen
+   from the belief slowdown table over the discrete share levels, maximising the weighted progress
+   rate ``Σ w / slowdown(stage, share)`` (``dynamic_shares=False``: an equal split).
+4. **Long-tail migration.** When a rollout's unfinished requests shrink to a tail
+   (≤ ``tail_requests``) spread over more ranks than needed, they are moved onto
+   ``ceil(U / tail_batch)`` ranks (abort + re-prefill at the destination); ranks that drained are
+   released at once. Freed devices run other pipelines' work: a compute-bound stage then runs on
+   the free devices at full share when that beats sharing every device with the tail.
+5. **Look-ahead.** Candidate actions — start a ready compute stage now (paired at the chosen
+   split), defer it, or start another pipeline's stage first — are scored by forecasting the next
+   ``depth`` events with the belief cost model (:mod:`.forecast`); ``depth=0`` is ``greedy``.
+6. **Prediction.** Each pipeline's next rollout is predicted from its last few steps'
+   observed lengths (:class:`~jigsawrl.graph.predict.HistoryPredictor`); the scheduler never
+   sees sampled lengths.
+7. **Fairness.** Pipelines carry ``latency_weight``; a pipeline whose current step runs later than
+   its predicted solo time (or nears ``max_latency_ratio``) gains urgency, so none starves.
+
+Simplifications (said here, as DESIGN.md asks): a training stage moved to a subset of devices
+re-gathers its shards over NVLink at no modelled cost; reward (rule-based, on the CPU) and weight
+sync (a transfer) hold no compute share.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from jigsawrl.costmodel import SHARE_LEVELS
+from jigsawrl.errors import ConfigError
+from jigsawrl.graph.build import rank_segments, split_ranks
+from jigsawrl.graph.predict import HistoryPredictor
+from jigsawrl.scheduler.base import (
+    ROLLOUT,
+    Action,
+    Decision,
+    Migrate,
+    PipelineView,
+    RunningTask,
+    SetResident,
+    SetShare,
+    StartRollout,
+    StartStage,
+    View,
+    register_policy,
+    stage_sequence,
+    task_id,
+)
+from jigsawrl.scheduler.forecast import FState, FWork, forecast
+from jigsawrl.scheduler.verl import MICRO_BATCH_TOKENS, pipeline_resident_bytes
+from jigsawrl.sim.rollout import RolloutInstance
+from jigsawrl.workload.tasks import TASKS
+
+COMPUTE = frozenset({"old_logprob", "ref_logprob", "actor_update"})
+HOST = frozenset({"reward", "weight_sync", "onload", "offload"})
+MEM_HEADROOM = 2e9  # bytes per device kept free (allocator fragmentation, CUDA context)
+
+
+@dataclass(slots=True)
+class _Prediction:
+    gen_s: float
+    stages_s: dict[str, float]
+
+    @property
+    def step_s(self) -> float:
+        return self.gen_s + sum(self.stages_s.values())
+
+
+@dataclass(slots=True)
+class _Board:
+    """This decision's model of the pool: who holds compute on which device, at what share."""
+
+    dev: list[dict[str, float]]  # device -> task id -> share (compute-holding tasks only)
+    kind: dict[str, str] = field(default_factory=dict)  # task id -> memory | compute
+    pipe: dict[str, str] = field(default_factory=dict)
+    stage: dict[str, str] = field(default_factory=dict)
+    ranks: dict[str, list[tuple[int, ...]]] = field(default_factory=dict)  # live rollout ranks
+    rank_idx: dict[str, list[int]] = field(default_factory=dict)
+    mem_free: list[float] = field(default_factory=list)
+
+    def count(self, d: int) -> int:
+        return len(self.dev[d])
+
+    def has_compute(self, d: int) -> bool:
+        return any(self.kind[t] == "compute" for t in self.dev[d])
+
+
+@register_policy("jigsaw")
+class JigsawPolicy:
+    """JigsawRL: multiplexing, dynamic shares, tail migration, look-ahead (see module doc)."""
+
+    wants_rank_progress = True
+
+    def __init__(self, depth: int = 2, migration: bool = True, dynamic_shares: bool = True,
+                 max_colocated: int = 1, tail_requests: int = 128, tail_batch: int = 64,
+                 history_window: int = 3, min_rollout_fraction: float = 0.5,
+                 name: str = "jigsaw") -> None:
+        if depth < 0 or max_colocated < 1 or tail_batch < 1:
+            raise ConfigError("depth >= 0, max_colocated >= 1 and tail_batch >= 1 are required",
+                              where="scheduler.params")
+        self.depth = depth
+        self.migration = migration
+        self.dynamic_shares = dynamic_shares
+        self.max_colocated = max_colocated
+        self.tail_requests = tail_requests
+        self.tail_batch = tail_batch
+        self.min_rollout_fraction = min_rollout_fraction
+        self.name = name
+        self._predictor = HistoryPredictor(history_window)
+        self._pred: dict[tuple[str, int], _Prediction] = {}
+        self._kv_mem = 0.0
+        self._placed = False
+        self._resident: dict[str, float] = {}
+        self._state: dict[str, str] = {}  # pipeline -> host | loading | device | unloading
+
+    # ------------------------------------------------------------------ entry point
+    def decide(self, view: View) -> Decision:
+        actions: list[Action] = []
+        if not self._placed:
+            actions += self._place(view)
+        board = self._board(view)
+        actions += self._memory_moves(view, board)
+        if self.migration:
+            actions += self._migrate(view, board)
+        starts = self._choose_starts(view, board)
+        actions += self._share_actions(view, board, starts)
+        return Decision(tuple(actions))
+
+    # ------------------------------------------------------------------ placement
+    def _place(self, view: View) -> list[Action]:
+        """Size the engines' KV slices. Train states live in host memory and are onloaded only
+        for a pipeline's training stages (the prototype's offload), so at most one pipeline's
+        train state (plus its activations) is on the devices at a time."""
+        n = len(view.devices)
+        hbm = view.accelerator.hbm_bytes
+        self._resident = {p.name: pipeline_resident_bytes(view.cost, p, n)
+                          for p in view.pipelines}
+        weights = max(view.cost.rollout_weight_bytes(p.model, p.spec.rollout_tp)
+                      for p in view.pipelines)
+        act = max(view.cost.activation_bytes(p.model, MICRO_BATCH_TOKENS, n)
+                  for p in view.pipelines)
+        left = hbm - max(self._resident.values()) - act - MEM_HEADROOM
+        self._kv_mem = left / self.max_colocated - weights
+        longest = max(view.cost.kv_bytes(p.model, p.spec.max_response_tokens + 512,
+                                         p.spec.rollout_tp) for p in view.pipelines)
+        if self._kv_mem < longest:
+            raise ConfigError(
+                f"jigsaw: one train state ({max(self._resident.values()) / 1e9:.0f} GB per "
+                f"device on {n} devices) leaves too little memory for {self.max_colocated} "
+                "co-located rollout engines", where="scheduler.params",
+                fix="use more devices, a smaller model, or scheduler.params.max_colocated: 1")
+        self._placed = True
+        return []
+
+    def _memory_moves(self, view: View, b: _Board) -> list[Action]:
+        """Onload a pipeline's train state when its training stage is next (one at a time);
+        offload it after its update. Memory is reserved from the onload's start and released
+        when the offload has finished."""
+        actions: list[Action] = []
+        everything = tuple(range(len(view.devices)))
+        for pv in view.pipelines:
+            state = self._state.get(pv.name, "host")
+            moving = {t.stage for t in pv.running if t.stage in ("onload", "offload")}
+            if state == "loading" and "onload" not in moving:
+                self._state[pv.name] = state = "device"
+            if state == "unloading" and "offload" not in moving:
+                self._state[pv.name] = state = "host"
+                actions.append(SetResident(pv.name, everything, 0.0))
+            wants = any(stage in COMPUTE for _, stage in pv.ready())
+            if state == "device" and not wants and not any(t.stage in COMPUTE
+                                                           for t in pv.running):
+                step = pv.steps_completed
+                self._state[pv.name] = "unloading"
+                actions.append(StartStage(pv.name, step, "offload", everything, share=0.0))
+            elif state == "host" and wants and not pv.finished and self._can_onload(view, b, pv):
+                self._state[pv.name] = "loading"
+                actions.append(SetResident(pv.name, everything, self._resident[pv.name]))
+                actions.append(StartStage(pv.name, pv.steps_completed, "onload", everything,
+                                          share=0.0))
+                for d in everything:
+                    b.mem_free[d] -= self._resident[pv.name]
+        return actions
+
+    def _can_onload(self, view: View, b: _Board, pv: PipelineView) -> bool:
+        if any(s in ("loading", "device") for s in self._state.values()):
+            return False  # one train state on the devices at a time (the memory plan above)
+        need = self._resident[pv.name]
+        return all(b.mem_free[d] >= need for d in range(len(view.devices)))
+
+    # ------------------------------------------------------------------ board
+    def _board(self, view: View) -> _Board:
+        b = _Board([{} for _ in view.devices])
+        b.mem_free = [d.mem_capacity_bytes - d.mem_used_bytes for d in view.devices]
+        for pv in view.pipelines:
+            for t in pv.running:
+                self._add_running(b, t)
+        return b
+
+    def _add_running(self, b: _Board, t: RunningTask) -> None:
+        if t.stage in HOST:
+            return
+        b.pipe[t.task_id], b.stage[t.task_id] = t.pipeline, t.stage
+        if t.stage == ROLLOUT:
+            b.kind[t.task_id] = "memory"
+            live = [r for r, s in enumerate(t.rank_shares) if s > 0]
+            b.ranks[t.task_id] = [t.rank_devices[r] for r in live]
+            b.rank_idx[t.task_id] = live
+            for r in live:
+                for d in t.rank_devices[r]:
+                    b.dev[d][t.task_id] = t.rank_shares[r]
+        else:
+            b.kind[t.task_id] = "compute"
+            for d in t.devices:
+                b.dev[d][t.task_id] = t.share
+
+    # ------------------------------------------------------------------ migration
+    def _migrate(self, view: View, b: _Board) -> list[Action]:
+        actions: list[Action] = []
+        waiting = self._compute_waiting(view, b)
+        for pv in view.pipelines:
+            per_rank = self._tail_capacity(view, pv)
+            for t in pv.running:
+                if t.stage != ROLLOUT or t.task_id not in b.ranks:
+                    continue
+                for act in self._tail_actions(view, pv, t, b, waiting, per_rank):
+                    actions.append(act)
+                    self._apply_migration(b, act)
+        return actions
+
+    def _compute_waiting(self, view: View, b: _Board) -> bool:
+        """Is a compute-bound stage ready or running shared beside decodes? Only then do freed
+        devices have a taker (the benefit side of migration)."""
+        if any(stage in COMPUTE for pv in view.pipelines for _, stage in pv.ready()):
+            return True
+        return any(b.kind[t] == "compute" and any(b.kind[o] == "memory" for o in b.dev[d])
+                   for d in range(len(b.dev)) for t in b.dev[d])
+
+    def _tail_capacity(self, view: View, pv: PipelineView) -> int:
+        """Requests one rank can hold without KV preemption, assuming each may grow to its cap
+        (the scheduler does not know true lengths), and at most ``tail_batch``."""
+        spec = pv.spec
+        kv = view.cost.kv_budget_tokens(pv.model, spec.rollout_tp, max(self._kv_mem, 1.0))
+        worst = spec.max_response_tokens + 512
+        return max(1, min(self.tail_batch, kv // worst))
+
+    def _tail_actions(self, view: View, pv: PipelineView, t: RunningTask, b: _Board,
+                      waiting: bool, per_rank: int) -> list[Migrate]:
+        live = b.rank_idx[t.task_id]
+        if len(live) < 2:
+            return []
+        left = {r: t.unfinished_per_rank[r] for r in live}
+        busy = sorted((r for r in live if left[r] > 0), key=lambda r: -left[r])
+        if not busy:
+            return []
+        total = sum(left.values())
+        keep = max(1, math.ceil(total / per_rank))
+        if waiting and total <= self.tail_requests and keep < len(busy) and \
+                self._worth_moving(view, pv, t, busy, keep):
+            return _pack(busy, left, keep, per_rank, t.task_id, live)
+        drained = tuple(r for r in live if left[r] == 0)
+        if drained:  # release idle ranks (no cost: nothing moves)
+            return [Migrate(t.task_id, drained, busy[0])]
+        return []
+
+    def _worth_moving(self, view: View, pv: PipelineView, t: RunningTask, busy: list[int],
+                      keep: int) -> bool:
+        """Migrate when the devices it frees run a compute stage faster alone than shared, for
+        long enough to repay the re-prefill of the moved context (belief cost model)."""
+        n = len(view.devices)
+        freed = n - keep * pv.spec.rollout_tp
+        beside = _split(view, pv, 1, self.dynamic_shares)[0]
+        shared = 1.0 / view.cost.slowdown("actor_update", beside, model=pv.model)
+        if freed / n <= shared:
+            return False
+        ctx = t.ctx_tokens_per_rank
+        moved = sum(ctx[r] for r in busy[keep:]) if ctx else 0
+        cost = view.cost.prefill_time_s(pv.model, pv.spec.rollout_tp, max(1, moved), 0, 0.5,
+                                        num_seqs=max(1, sum(t.unfinished_per_rank[r]
+                                                            for r in busy[keep:])))
+        pred = self._pred.get((pv.name, t.step))
+        remaining = pred.gen_s - (view.now_s - t.start_s) if pred is not None else 0.0
+        return remaining > 3.0 * cost
+
+    def _apply_migration(self, b: _Board, m: Migrate) -> None:
+        idx = b.rank_idx[m.task_id]
+        for r in m.src_ranks:
+            for d in b.ranks[m.task_id][idx.index(r)]:
+                b.dev[d].pop(m.task_id, None)
+        keep = [i for i, r in enumerate(idx) if r not in m.src_ranks]
+        b.ranks[m.task_id] = [b.ranks[m.task_id][i] for i in keep]
+        b.rank_idx[m.task_id] = [idx[i] for i in keep]
+
+    # ------------------------------------------------------------------ starting work
+    def _choose_starts(self, view: View, b: _Board) -> list[Action]:
+        ready = [(pv, step, stage) for pv in self._by_urgency(view) for step, stage in pv.ready()]
+        starts: list[Action] = []
+        for pv, step, stage in ready:
+            if stage in HOST:
+                devs = () if stage == "reward" else tuple(range(len(view.devices)))
+                starts.append(StartStage(pv.name, step, stage, devs, share=0.0))
+            elif stage == ROLLOUT:
+                start = self._rollout_start(view, b, pv, step)
+                if start is not None:
+                    starts.append(start)
+        compute = [(pv, step, stage) for pv, step, stage in ready
+                   if stage in COMPUTE and self._state.get(pv.name) == "device"]
+        choice = self._pick_compute(view, b, compute)
+        if choice is not None:
+            starts.append(choice)
+        return starts
+
+    def _rollout_start(self, view: View, b: _Board, pv: PipelineView,
+                       step: int) -> StartRollout | None:
+        """Place a rollout on the least-loaded TP groups with a free engine slot and memory, at
+        most a fair share of the pool's engine slots (``n × max_colocated / live pipelines``):
+        a tail-bound rollout gains little from more devices, and the slots it leaves let the
+        other pipelines' rollouts run beside it."""
+        tp = pv.spec.rollout_tp
+        need = self._kv_mem + view.cost.rollout_weight_bytes(pv.model, tp)
+        per_node = view.accelerators_per_node
+        groups = []
+        for g in range(0, len(view.devices) - tp + 1, tp):
+            group = tuple(range(g, g + tp))
+            if g // per_node != (g + tp - 1) // per_node:
+                continue
+            if all(self._mem_slots(b, d) < self.max_colocated and b.mem_free[d] >= need
+                   for d in group):
+                groups.append(group)
+        live = sum(1 for p in view.pipelines if not p.finished)
+        cap = max(1, (len(view.devices) // tp) * self.max_colocated // max(1, live))
+        want = min(cap, len(view.devices) // tp)
+        if not groups or len(groups) < self.min_rollout_fraction * want:
+            return None
+        groups.sort(key=lambda g: (max(self._mem_slots(b, d) for d in g), g))
+        devs = sorted(d for g in groups[:want] for d in g)
+        self._ensure_prediction(view, pv, step)
+        tid = task_id(pv.name, step, ROLLOUT)
+        b.kind[tid], b.pipe[tid], b.stage[tid] = "memory", pv.name, ROLLOUT
+        b.ranks[tid] = [tuple(devs[i:i + tp]) for i in range(0, len(devs), tp)]
+        b.rank_idx[tid] = list(range(len(b.ranks[tid])))
+        for d in devs:
+            b.dev[d][tid] = 0.0  # share assigned below
+            b.mem_free[d] -= need
+        return StartRollout(pv.name, step, tuple(devs), tp, share=1.0, kv_mem_bytes=self._kv_mem)
+
+    @staticmethod
+    def _mem_slots(b: _Board, d: int) -> int:
+        """Rollout engines on device ``d`` (a compute stage does not take an engine slot)."""
+        return sum(1 for t in b.dev[d] if b.kind[t] == "memory")
+
+    def _pick_compute(self, view: View, b: _Board,
+                      ready: list[tuple[PipelineView, int, str]]) -> StartStage | None:
+        """Start at most one compute stage now (one per device at a time), chosen by look-ahead."""
+        cands = [(pv, step, stage, self._compute_devices(view, b, pv))
+                 for pv, step, stage in ready]
+        cands = [c for c in cands if c[3]]
+        if not cands:
+            return None
+        if self.depth > 0:
+            options: list[tuple[PipelineView, int, str, tuple[int, ...]] | None] = list(cands)
+            if any(b.kind[t] == "memory" for dev in b.dev for t in dev):
+                options.append(None)  # waiting only helps if it spares a running decode
+            scores = [self._score(view, b, opt, [c[0].name for c in cands]) for opt in options]
+            best = options[min(range(len(options)), key=lambda i: scores[i])]
+        else:
+            best = cands[0]
+        if best is None:
+            return None
+        pv, step, stage, devs = best
+        tid = task_id(pv.name, step, stage)
+        b.kind[tid], b.pipe[tid], b.stage[tid] = "compute", pv.name, stage
+        for d in devs:
+            b.dev[d][tid] = 0.0
+        mem = view.cost.activation_bytes(pv.model, MICRO_BATCH_TOKENS, len(devs)) + (
+            view.cost.train_state_bytes(pv.model, len(devs)) -
+            view.cost.train_state_bytes(pv.model, len(view.devices)))
+        return StartStage(pv.name, step, stage, devs, share=1.0, mem_bytes=mem)
+
+    def _compute_devices(self, view: View, b: _Board, pv: PipelineView) -> tuple[int, ...]:
+        """All devices (shared with decodes) or only the free ones at full share: the faster."""
+        n = len(view.devices)
+        if any(b.has_compute(d) for d in range(n)):
+            return ()
+        free = tuple(d for d in range(n) if b.count(d) == 0)
+        shared_ok = True  # one compute stage may join any device's engines (shares split)
+        mem_sub = view.cost.train_state_bytes(pv.model, max(1, len(free))) - \
+            view.cost.train_state_bytes(pv.model, n) + \
+            view.cost.activation_bytes(pv.model, MICRO_BATCH_TOKENS, max(1, len(free)))
+        free_ok = free and all(b.mem_free[d] >= mem_sub + MEM_HEADROOM for d in free)
+        share = self._compute_share_beside(view, b, pv)
+        rate_shared = 1.0 / view.cost.slowdown("actor_update", share, model=pv.model)
+        if free_ok and (len(free) / n >= rate_shared or not shared_ok):
+            return free
+        return tuple(range(n)) if shared_ok else ()
+
+    def _compute_share_beside(self, view: View, b: _Board, pv: PipelineView) -> float:
+        mems = max((sum(1 for t in b.dev[d] if b.kind[t] == "memory") for d in range(len(b.dev))),
+                   default=0)
+        if mems == 0:
+            return 1.0
+        return _split(view, pv, mems, self.dynamic_shares)[0]
+
+    # ------------------------------------------------------------------ look-ahead
+    def _score(self, view: View, b: _Board, opt, names: list[str]) -> float:  # noqa: ANN001
+        st = self._forecast_state(view, b)
+        if opt is None:
+            st.deferred = set(names)
+        else:
+            st.deferred = {n for n in names if n != opt[0].name}
+        slow = _slow_fn(view)
+        return forecast(st, self.depth, slow)
+
+    def _forecast_state(self, view: View, b: _Board) -> FState:
+        running: list[FWork] = []
+        chains: dict[str, list[FWork]] = {}
+        weights: dict[str, float] = {}
+        for pv in view.pipelines:
+            if pv.finished:
+                continue
+            weights[pv.name] = self._urgency(view, pv)
+            step = pv.steps_completed
+            pred = self._ensure_prediction(view, pv, step)
+            done = pv.done.get(step, frozenset())
+            run = {t.stage: t for t in pv.running if t.step == step}
+            chain = []
+            for stage in stage_sequence(pv.spec):
+                if stage in done:
+                    continue
+                dur = pred.gen_s if stage == ROLLOUT else pred.stages_s.get(stage, 0.0)
+                kind = "memory" if stage == ROLLOUT else ("compute" if stage in COMPUTE else
+                                                          "host")
+                w = FWork(pv.name, stage, kind, dur, stage == "weight_sync")
+                if stage in run:
+                    w.remaining = max(0.05 * dur, dur - (view.now_s - run[stage].start_s))
+                    running.append(w)
+                elif not any(x.pipeline == pv.name for x in running) and not chain and \
+                        kind == "compute":
+                    running.append(w)  # a ready compute stage: the option decides
+                else:
+                    chain.append(w)
+            chains[pv.name] = chain
+        frac = self._mem_frac(b)
+        return FState(view.now_s, running, chains, weights, frac)
+
+    @staticmethod
+    def _mem_frac(b: _Board) -> float:
+        n = len(b.dev)
+        held = sum(1 for d in range(n) if any(b.kind.get(t) == "memory" for t in b.dev[d]))
+        return held / n if n else 1.0
+
+    # ------------------------------------------------------------------ prediction, urgency
+    def _ensure_prediction(self, view: View, pv: PipelineView, step: int) -> _Prediction:
+        key = (pv.name, step)
+        if key not in self._pred:
+            self._pred[key] = self._predict(view, pv, step)
+        return self._pred[key]
+
+    def _predict(self, view: View, pv: PipelineView, step: int) -> _Prediction:
+        n = len(view.devices)
+        spec = pv.spec
+        task = TASKS.get(spec.task)
+        prior_p = int(task.prompt_mean) if task else 128
+        prior_r = int(task.response_median * (1.3 if task and task.multi_turn else 1.0)) \
+            if task else spec.max_response_tokens // 4
+        n_ranks = max(1, n // spec.rollout_tp)
+        reqs = self._predictor.predict(pv.name, step, spec.batch_size * spec.group_size,
+                                       pv.history, prior_p, prior_r, spec.max_response_tokens,
+                                       n_ranks)
+        kv = view.cost.kv_budget_tokens(pv.model, spec.rollout_tp, max(self._kv_mem, 1.0))
+        # The predictor deals lengths round-robin, so rank 0 holds the longest request and a
+        # representative mix: its predicted timeline is the rollout's (cheap: one rank, not n).
+        inst = RolloutInstance(f"{pv.name}/{step}/pred", pv.model, spec.rollout_tp, view.cost,
+                               kv_budget_tokens=max(kv, 1))
+        inst.add(split_ranks(reqs, n_ranks)[0])
+        segs = rank_segments(inst)
+        gen = segs[-1][2] if segs else 0.0
+        tokens = sum(r.total_tokens for r in reqs)
+        self._pred = {k: v for k, v in self._pred.items() if k[1] >= step - 1}
+        return _Prediction(gen, _stage_times(view, pv, tokens, len(reqs), n))
+
+    def _by_urgency(self, view: View) -> list[PipelineView]:
+        live = [pv for pv in view.pipelines if not pv.finished]
+        return sorted(live, key=lambda pv: -self._urgency(view, pv))
+
+    def _urgency(self, view: View, pv: PipelineView) -> float:
+        """Weight × lateness of the current step against its predicted solo time × the share
+        of all remaining work that is this pipeline's (the longest job gates the makespan)."""
+        step = pv.steps_completed
+        starts = [t.start_s for t in pv.running if t.step == step and t.stage == ROLLOUT]
+        pred = self._pred.get((pv.name, step))
+        if pred is None or pred.step_s <= 0:
+            return pv.spec.latency_weight
+        left = {p.name: self._left_s(p) for p in view.pipelines if not p.finished}
+        mean_left = sum(left.values()) / max(1, len(left))
+        share = left.get(pv.name, 0.0) / mean_left if mean_left > 0 else 1.0
+        ratio = (view.now_s - starts[0]) / pred.step_s if starts else 1.0
+        bound = pv.spec.max_latency_ratio
+        boost = 10.0 if bound is not None and ratio > 0.8 * bound else 1.0
+        return pv.spec.latency_weight * max(1.0, ratio) * boost * max(0.5, share)
+
+    def _left_s(self, pv: PipelineView) -> float:
+        """Predicted remaining work of a pipeline: its remaining steps × predicted step time."""
+        pred = self._pred.get((pv.name, pv.steps_completed))
+        per = pred.step_s if pred is not None else 1.0
+        return per * (pv.spec.steps - pv.steps_completed)
+
+    # ------------------------------------------------------------------ shares
+    def _share_actions(self, view: View, b: _Board, starts: list[Action]) -> list[Action]:
+        """Assign every device's split, then emit decreases, starts, increases (in that order,
+        so the driver never sees a device over its compute)."""
+        want = self._assign(view, b)
+        running = {t.task_id: t for pv in view.pipelines for t in pv.running}
+        down: list[Action] = []
+        up: list[Action] = []
+        starts = [_with_share(a, want) for a in starts]
+        started = {task_id(a.pipeline, a.step, ROLLOUT if isinstance(a, StartRollout)
+                           else a.stage) for a in starts}
+        for tid, shares in want.items():
+            if tid in started or tid not in running:
+                continue
+            t = running[tid]
+            if b.kind[tid] == "compute":
+                new = min(shares.values())
+                if abs(new - t.share) > 1e-9:
+                    (down if new < t.share else up).append(SetShare(tid, new))
+                continue
+            for r in b.rank_idx[tid]:
+                devs = t.rank_devices[r]
+                new = min(shares[d] for d in devs)
+                old = t.rank_shares[r]
+                if abs(new - old) > 1e-9:
+                    (down if new < old else up).append(SetShare(tid, new, rank=r))
+        return down + starts + up
+
+    def _assign(self, view: View, b: _Board) -> dict[str, dict[int, float]]:
+        """Per task, per device: its compute share."""
+        want: dict[str, dict[int, float]] = {}
+        compute_share: dict[str, float] = {}
+        for tasks in b.dev:
+            mems = [t for t in tasks if b.kind[t] == "memory"]
+            comps = [t for t in tasks if b.kind[t] == "compute"]
+            if comps and mems:
+                pv = next(p for p in view.pipelines if p.name == b.pipe[comps[0]])
+                c_share = _split(view, pv, len(mems), self.dynamic_shares)[0]
+            elif comps:
+                c_share = 1.0
+            else:
+                c_share = 0.0
+            for t in comps:
+                compute_share[t] = min(compute_share.get(t, 1.0), c_share)
+        urgency = {pv.name: self._urgency(view, pv) for pv in view.pipelines}
+        by_name = {pv.name: pv for pv in view.pipelines}
+        for d, tasks in enumerate(b.dev):
+            mems = [t for t in tasks if b.kind[t] == "memory"]
+            c = max((compute_share[t] for t in tasks if t in compute_share), default=0.0)
+            for t in tasks:
+                if t in compute_share:
+                    want.setdefault(t, {})[d] = compute_share[t]
+            split = self._rollout_split(view, [by_name[b.pipe[t]] for t in mems],
+                                        [urgency[b.pipe[t]] for t in mems], 1.0 - c)
+            for t, share in zip(mems, split, strict=True):
+                want.setdefault(t, {})[d] = share
+        return want
+
+    def _rollout_split(self, view: View, pvs: list[PipelineView], weights: list[float],
+                       room: float) -> list[float]:
+        """Shares of co-located rollouts: equal, or (dynamic, two of them) the levels maximising
+        the urgency-weighted rate, where a rollout's rate blends decode (memory-bound) with
+        prefill (compute-bound; a larger part for multi-turn tasks, which re-prefill each turn)."""
+        even = _level_floor(room / len(pvs)) if pvs else 0.0
+        if not self.dynamic_shares or len(pvs) != 2:
+            return [even] * len(pvs)
+        best, arg = -1.0, [even, even]
+        for s1 in SHARE_LEVELS:
+            s2 = _level_floor(room - s1)
+            if s1 > room + 1e-9 or s2 < 0.2 - 1e-9:
+                continue
+            rate = sum(w * _rollout_rate(view, pv, sh)
+                       for pv, w, sh in zip(pvs, weights, (s1, s2), strict=True))
+            if rate > best + 1e-12:
+                best, arg = rate, [s1, s2]
+        return arg
+
+
+def _stage_times(view: View, pv: PipelineView, tokens: int, samples: int,
+                 n: int) -> dict[str, float]:
+    """Predicted full-share durations of the post-rollout stages on ``n`` devices."""
+    c, m = view.cost, pv.model
+    out = {"reward": c.reward_time_s(samples), "old_logprob": c.logprob_time_s(m, n, tokens)}
+    if pv.spec.use_ref:
+        out["ref_logprob"] = c.logprob_time_s(m, n, tokens)
+    out["actor_update"] = pv.spec.train.ppo_epochs * c.train_time_s(m, n, tokens)
+    out["weight_sync"] = c.weight_sync_time_s(m, n, pv.spec.rollout_tp)
+    return out
+
+
+def _pack(busy: list[int], left: dict[int, int], keep: int, cap: int, tid: str,
+          live: list[int]) -> list[Migrate]:
+    """Move the tail onto the ``keep`` fullest ranks (they keep their KV), filling each up to
+    ``cap`` requests, largest sources first; drained ranks are released onto the first."""
+    dsts = busy[:keep]
+    load = {d: left[d] for d in dsts}
+    moves: dict[int, list[int]] = {d: [] for d in dsts}
+    for src in busy[keep:]:
+        d = min(dsts, key=lambda x: load[x])
+        moves[d].append(src)
+        load[d] += left[src]
+    moves[dsts[0]].extend(r for r in live if left[r] == 0)
+    return [Migrate(tid, tuple(srcs), d) for d, srcs in moves.items() if srcs]
+
+
+def _with_share(a: Action, want: dict[str, dict[int, float]]) -> Action:
+    if isinstance(a, StartRollout):
+        shares = want.get(task_id(a.pipeline, a.step, ROLLOUT), {})
+        s = min((shares[d] for d in a.devices if d in shares), default=1.0)
+        return StartRollout(a.pipeline, a.step, a.devices, a.tp, s, a.kv_mem_bytes, a.dispatch)
+    if isinstance(a, StartStage) and a.stage in COMPUTE:
+        shares = want.get(task_id(a.pipeline, a.step, a.stage), {})
+        s = min(shares.values(), default=1.0)
+        return StartStage(a.pipeline, a.step, a.stage, a.devices, s, a.mem_bytes)
+    return a
+
+
+def _rollout_rate(view: View, pv: PipelineView, share: float) -> float:
+    task = TASKS.get(pv.spec.task)
+    prefill = 0.25 if task is not None and task.multi_turn else 0.05  # share of rollout time
+    cost = view.cost
+    return (1 - prefill) / cost.slowdown("decode_small", share) + prefill / cost.slowdown(
+        "prefill", share)
+
+
+def _level_floor(x: float) -> float:
+    fit = [s for s in SHARE_LEVELS if s <= x + 1e-9]
+    return fit[-1] if fit else max(x, 0.05)
+
+
+def _slow_fn(view: View):  # noqa: ANN202
+    cost = view.cost
+
+    def slow(stage: str, share: float) -> float:
+        if stage == ROLLOUT:
+            stage = "decode_small"
+        return cost.slowdown(stage, max(0.05, min(1.0, share)))
+
+    return slow
+
+
+def _split(view: View, pv: PipelineView, n_mem: int, dynamic: bool) -> tuple[float, float]:
+    """(compute share, share of each of ``n_mem`` co-located decodes) for a device pairing a
+    compute-bound stage with decodes: the level maximising the summed progress rate."""
+    if not dynamic:
+        even = _level_floor(1.0 / (n_mem + 1))
+        return 1.0 - even * n_mem, even
+    return _best_split(id(view.cost), view.cost, pv.model.name, n_mem)
+
+
+@lru_cache(maxsize=256)
+def _best_split(_key: int, cost, model_name: str, n_mem: int) -> tuple[float, float]:  # noqa: ANN001
+    best, arg = -1.0, (0.5, 0.5)
+    for m in SHARE_LEVELS:
+        c = 1.0 - m * n_mem
+        if c < 0.2 - 1e-9:
+            continue
+        rate = 1.0 / cost.slowdown("actor_update", c) + n_mem / cost.slowdown("decode_small", m)
+        if rate > best + 1e-12:
+            best, arg = rate, (round(c, 6), m)
+    return arg
+
+
+@register_policy("greedy")
+def _greedy(**params) -> JigsawPolicy:  # noqa: ANN003
+    """jigsaw without look-ahead (depth 0): the ablation of the look-ahead."""
+    params.setdefault("name", "greedy")
+    return JigsawPolicy(depth=0, **{k: v for k, v in params.items() if k != "depth"})
