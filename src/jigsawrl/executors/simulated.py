@@ -69,6 +69,7 @@ class _Rank:
     wake: Entry | None = None  # pending re-plan after tool results (one per instant)
     redirect: _Rank | None = None  # after migration: where this rank's tool results go
     kappa: float = 1.0  # memory-bandwidth contention on its devices when its segment was planned
+    index: int = 0  # rank number within its rollout
 
 
 @dataclass(slots=True, eq=False)
@@ -114,9 +115,10 @@ class SimulatedExecutor:
         self._step_samples: dict[tuple[str, int], list[RequestTruth]] = {}
         self._step_tokens: dict[tuple[str, int], tuple[int, int, int]] = {}
         # Memory-bandwidth demand per device: key (task id, rank) -> demand (1.0 = all of HBM).
+        # Keys derive from structure (never from object ids), so runs are reproducible.
         self._demand: list[dict[tuple[str, int], float]] = [{} for _ in range(exp.num_devices)]
-        self._ranks_on: list[set[int]] = [set() for _ in range(exp.num_devices)]
-        self._rank_by_id: dict[int, tuple[_RolloutTask, _Rank]] = {}
+        self._ranks_on: list[set[tuple[str, int]]] = [set() for _ in range(exp.num_devices)]
+        self._rank_by_key: dict[tuple[str, int], tuple[_RolloutTask, _Rank]] = {}
         self._touched: set[int] = set()
 
     # ------------------------------------------------------------------ protocol
@@ -244,7 +246,7 @@ class SimulatedExecutor:
             inst = RolloutInstance(f"{tid}/{r}", pipe.model, a.tp, self.cost,
                                    kv_budget_tokens=max(1, kv_tokens))
             inst.add(chunks[r])
-            task.ranks.append(_Rank(inst, a.devices[r * a.tp:(r + 1) * a.tp], a.share))
+            task.ranks.append(_Rank(inst, a.devices[r * a.tp:(r + 1) * a.tp], a.share, index=r))
         self._rollouts[tid] = task
         for rank in task.ranks:
             self._plan_rank(task, rank)
@@ -343,8 +345,10 @@ class SimulatedExecutor:
             self._plan_rank(task, rank)
         elif seg is not None:  # a prefill: re-time its rest at the new share from now on
             self._retime_prefill(task, rank, seg, share)
-        else:  # idle: the new share applies from the next segment
+        else:  # idle (tool wait): the new share holds from now, in a new span
             rank.share = share
+            if rank.open is not None:
+                self._extend_span(task, rank, rank.open.stage, self.q.now_s, share, 0.0, 0)
             self._set_demand(task, rank, 0.0)
 
     def _retime_prefill(self, task: _RolloutTask, rank: _Rank, seg: Segment,
@@ -393,8 +397,9 @@ class SimulatedExecutor:
         return min(1.0, share / s_sat)
 
     def _kappa(self, task: _RolloutTask, rank: _Rank) -> float:
-        return max((sum(self._demand[d].values()) + (0.0 if (task.tid, id(rank)) in
-                                                       self._demand[d] else self._bw(rank.share))
+        key = (task.tid, rank.index)
+        return max((sum(self._demand[d].values()) + (0.0 if key in self._demand[d]
+                                                       else self._bw(rank.share))
                     for d in rank.devices), default=1.0)
 
     def _decode_share(self, rank: _Rank) -> float:
@@ -404,7 +409,7 @@ class SimulatedExecutor:
 
     def _set_demand(self, task: _RolloutTask | _Work, rank: _Rank | None, demand: float) -> None:
         tid = task.tid
-        key = (tid, id(rank) if rank is not None else 0)
+        key = (tid, rank.index if rank is not None else -1)
         devices = rank.devices if rank is not None else task.devices
         for d in devices:
             cur = self._demand[d].get(key, 0.0)
@@ -416,9 +421,9 @@ class SimulatedExecutor:
                 self._demand[d].pop(key, None)
             self._touched.add(d)
         if rank is not None:
-            self._rank_by_id[id(rank)] = (task, rank)
+            self._rank_by_key[key] = (task, rank)
             for d in devices:
-                (self._ranks_on[d].add if demand > 0 else self._ranks_on[d].discard)(id(rank))
+                (self._ranks_on[d].add if demand > 0 else self._ranks_on[d].discard)(key)
 
     def _refresh(self) -> None:
         """Re-time decodes whose devices' bandwidth contention changed (bounded passes)."""
@@ -426,9 +431,9 @@ class SimulatedExecutor:
             if not self._touched:
                 return
             touched, self._touched = self._touched, set()
-            ids = set().union(*(self._ranks_on[d] for d in touched))
-            for rid in sorted(ids):
-                task, rank = self._rank_by_id[rid]
+            keys = set().union(*(self._ranks_on[d] for d in touched))
+            for key in sorted(keys):
+                task, rank = self._rank_by_key[key]
                 if task.tid not in self._rollouts or rank.seg is None or not rank.seg.iters:
                     continue
                 if abs(self._kappa(task, rank) - rank.kappa) > 1e-9:

@@ -178,6 +178,8 @@ class JigsawPolicy:
             if state == "unloading" and "offload" not in moving:
                 self._state[pv.name] = state = "host"
                 actions.append(SetResident(pv.name, everything, 0.0))
+                for d in everything:
+                    b.mem_free[d] += self._resident[pv.name]
             wants = any(stage in COMPUTE for _, stage in pv.ready())
             if state == "device" and not wants and not any(t.stage in COMPUTE
                                                            for t in pv.running):
@@ -194,10 +196,12 @@ class JigsawPolicy:
         return actions
 
     def _can_onload(self, view: View, b: _Board, pv: PipelineView) -> bool:
-        if any(s in ("loading", "device") for s in self._state.values()):
+        if any(s != "host" for s in self._state.values()):
             return False  # one train state on the devices at a time (the memory plan above)
-        need = self._resident[pv.name]
-        return all(b.mem_free[d] >= need for d in range(len(view.devices)))
+        n = len(view.devices)
+        need = self._resident[pv.name] + view.cost.activation_bytes(pv.model, MICRO_BATCH_TOKENS,
+                                                                    n)
+        return all(b.mem_free[d] >= need for d in range(n))
 
     # ------------------------------------------------------------------ board
     def _board(self, view: View) -> _Board:
@@ -258,8 +262,8 @@ class JigsawPolicy:
     def _tail_actions(self, view: View, pv: PipelineView, t: RunningTask, b: _Board,
                       waiting: bool, per_rank: int) -> list[Migrate]:
         live = b.rank_idx[t.task_id]
-        if len(live) < 2:
-            return []
+        if len(live) < 2 or len(t.unfinished_per_rank) < len(t.rank_devices):
+            return []  # no progress report yet
         left = {r: t.unfinished_per_rank[r] for r in live}
         busy = sorted((r for r in live if left[r] > 0), key=lambda r: -left[r])
         if not busy:
@@ -394,13 +398,14 @@ class JigsawPolicy:
         if any(b.has_compute(d) for d in range(n)):
             return ()
         free = tuple(d for d in range(n) if b.count(d) == 0)
-        shared_ok = True  # one compute stage may join any device's engines (shares split)
         mem_sub = view.cost.train_state_bytes(pv.model, max(1, len(free))) - \
             view.cost.train_state_bytes(pv.model, n) + \
             view.cost.activation_bytes(pv.model, MICRO_BATCH_TOKENS, max(1, len(free)))
         free_ok = free and all(b.mem_free[d] >= mem_sub + MEM_HEADROOM for d in free)
         share = self._compute_share_beside(view, b, pv)
         rate_shared = 1.0 / view.cost.slowdown("actor_update", share, model=pv.model)
+        act = view.cost.activation_bytes(pv.model, MICRO_BATCH_TOKENS, n)
+        shared_ok = all(b.mem_free[d] >= act for d in range(n))
         if free_ok and (len(free) / n >= rate_shared or not shared_ok):
             return free
         return tuple(range(n)) if shared_ok else ()
