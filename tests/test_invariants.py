@@ -157,3 +157,19 @@ def test_truth_noise_is_seeded() -> None:
     a = CostModel(ACCELERATORS["h100-80gb"], noise_sigma=0.1, seed=1)
     b = CostModel(ACCELERATORS["h100-80gb"], noise_sigma=0.1, seed=1)
     assert [a.reward_time_s(10) for _ in range(5)] == [b.reward_time_s(10) for _ in range(5)]
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pipes=st.lists(pipeline_st, min_size=1, max_size=3), seed=st.integers(0, 100),
+       policy=st.sampled_from(sorted(POLICIES)))
+def test_no_policy_beats_the_lower_bound(pipes, seed, policy) -> None:  # noqa: ANN001
+    from jigsawrl.runner import lower_bound
+
+    exp = resolve(make_cfg(pipes, 8, seed))
+    cost = make_cost(exp)  # noise-free truth, so the bound is strict
+    ex = SimulatedExecutor(exp, truth_cost=cost, seed=seed)
+    try:
+        res = Driver(exp, get_policy(policy, POLICIES[policy]), ex, cost).run()
+    except ConfigError:
+        reject()
+    assert res.makespan_s >= lower_bound(exp, seed) * (1 - 1e-9)

@@ -19,6 +19,7 @@ from jigsawrl.driver.loop import Driver, DriverResult
 from jigsawrl.errors import ConfigError
 from jigsawrl.events import Event, StepFinished
 from jigsawrl.executors.simulated import SimulatedExecutor
+from jigsawrl.graph.bound import makespan_lower_bound
 from jigsawrl.metrics.summary import RunInfo, summarize
 from jigsawrl.scheduler import get_policy
 from jigsawrl.workload.resolve import Experiment, resolve
@@ -95,7 +96,7 @@ def simulate(cfg: ExperimentConfig, *, policy: str | None = None, seed: int | No
         raise ConfigError("no placement of this policy is feasible:\n  " + "\n  ".join(infeasible))
     _, vname, res = best
     ref = solo if isinstance(solo, dict) else (solo_latencies(cfg, seed) if solo else None)
-    info = run_info(cfg, exp, name, seed, ref)
+    info = run_info(cfg, exp, name, seed, ref, lower_bound(exp, seed))
     summary = summarize(res.events, info)
     if len(variants) > 1:
         summary["variant"] = vname
@@ -104,9 +105,16 @@ def simulate(cfg: ExperimentConfig, *, policy: str | None = None, seed: int | No
                   vname if len(variants) > 1 else None)
 
 
+def lower_bound(exp: Experiment, seed: int) -> float:
+    """The makespan lower bound of this experiment's true workload (see graph/bound.py)."""
+    sampler = SimulatedExecutor(exp, truth_cost=make_cost(exp), seed=seed)
+    return makespan_lower_bound(exp.pipelines, sampler.step_requests, make_cost(exp),
+                                exp.num_devices)
+
+
 def run_info(cfg: ExperimentConfig, exp: Experiment, policy: str, seed: int,
-             solo: dict[str, float] | None) -> RunInfo:
-    return RunInfo(
+             solo: dict[str, float] | None, bound: float | None = None) -> RunInfo:
+    return RunInfo(lower_bound_s=bound,
         name=cfg.name or "run", policy=policy, seed=seed, num_devices=exp.num_devices,
         accelerator=exp.accelerator.name, peak_flops_per_device=exp.accelerator.peak_flops,
         price_per_device_hour_usd=exp.price_per_hour,

@@ -170,22 +170,24 @@ class JigsawPolicy:
         when the offload has finished."""
         actions: list[Action] = []
         everything = tuple(range(len(view.devices)))
-        for pv in view.pipelines:
+        for pv in view.pipelines:  # first settle finished moves, so onloads below see them
             state = self._state.get(pv.name, "host")
             moving = {t.stage for t in pv.running if t.stage in ("onload", "offload")}
             if state == "loading" and "onload" not in moving:
-                self._state[pv.name] = state = "device"
+                self._state[pv.name] = "device"
             if state == "unloading" and "offload" not in moving:
-                self._state[pv.name] = state = "host"
+                self._state[pv.name] = "host"
                 actions.append(SetResident(pv.name, everything, 0.0))
                 for d in everything:
                     b.mem_free[d] += self._resident[pv.name]
+        for pv in view.pipelines:
+            state = self._state.get(pv.name, "host")
             wants = any(stage in COMPUTE for _, stage in pv.ready())
             if state == "device" and not wants and not any(t.stage in COMPUTE
                                                            for t in pv.running):
-                step = pv.steps_completed
                 self._state[pv.name] = "unloading"
-                actions.append(StartStage(pv.name, step, "offload", everything, share=0.0))
+                actions.append(StartStage(pv.name, pv.steps_completed, "offload", everything,
+                                          share=0.0))
             elif state == "host" and wants and not pv.finished and self._can_onload(view, b, pv):
                 self._state[pv.name] = "loading"
                 actions.append(SetResident(pv.name, everything, self._resident[pv.name]))
