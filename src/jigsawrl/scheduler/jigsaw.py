@@ -151,16 +151,20 @@ class JigsawPolicy:
                       for p in view.pipelines)
         act = max(view.cost.activation_bytes(p.model, MICRO_BATCH_TOKENS, n)
                   for p in view.pipelines)
-        left = hbm - max(self._resident.values()) - act - MEM_HEADROOM
-        self._kv_mem = left / self.max_colocated - weights
         longest = max(view.cost.kv_bytes(p.model, p.spec.max_response_tokens + 512,
                                          p.spec.rollout_tp) for p in view.pipelines)
+        base = hbm - max(self._resident.values()) - MEM_HEADROOM
+        self._kv_mem = (base - act) / self.max_colocated - weights
+        if self._kv_mem < longest:
+            # Memory-tight (large models): engines may use the activations' room too; a
+            # training stage then starts only on devices whose engines have finished.
+            self._kv_mem = base / self.max_colocated - weights
         if self._kv_mem < longest:
             raise ConfigError(
                 f"jigsaw: one train state ({max(self._resident.values()) / 1e9:.0f} GB per "
                 f"device on {n} devices) leaves too little memory for {self.max_colocated} "
-                "co-located rollout engines", where="scheduler.params",
-                fix="use more devices, a smaller model, or scheduler.params.max_colocated: 1")
+                "co-located rollout engine(s)", where="scheduler.params",
+                fix="use more devices, a smaller model, or a larger rollout_tp")
         self._placed = True
         return []
 
@@ -246,12 +250,12 @@ class JigsawPolicy:
         return actions
 
     def _compute_waiting(self, view: View, b: _Board) -> bool:
-        """Is a compute-bound stage ready or running shared beside decodes? Only then do freed
-        devices have a taker (the benefit side of migration)."""
-        if any(stage in COMPUTE for pv in view.pipelines for _, stage in pv.ready()):
-            return True
-        return any(b.kind[t] == "compute" and any(b.kind[o] == "memory" for o in b.dev[d])
-                   for d in range(len(b.dev)) for t in b.dev[d])
+        """Is a compute-bound stage of another pipeline ready to start? Only then do freed
+        devices have a taker (a running stage keeps its devices, so freeing more cannot help
+        it): the benefit side of migration."""
+        return any(stage in COMPUTE and not any(b.kind.get(t) == "compute" for dev in b.dev
+                                                for t in dev)
+                   for pv in view.pipelines for _, stage in pv.ready())
 
     def _tail_capacity(self, view: View, pv: PipelineView) -> int:
         """Requests one rank can hold without KV preemption, assuming each may grow to its cap
@@ -282,22 +286,45 @@ class JigsawPolicy:
 
     def _worth_moving(self, view: View, pv: PipelineView, t: RunningTask, busy: list[int],
                       keep: int) -> bool:
-        """Migrate when the devices it frees run a compute stage faster alone than shared, for
-        long enough to repay the re-prefill of the moved context (belief cost model)."""
+        """Migrate only when the time it saves the waiting compute stage (running alone on the
+        freed devices instead of shared beside decodes) exceeds what it costs the tail: the
+        re-prefill of the moved context plus slower iterations, since the tail's KV reads now
+        go through fewer devices' bandwidth (belief cost model)."""
+        cost, m, tp = view.cost, pv.model, pv.spec.rollout_tp
         n = len(view.devices)
-        freed = n - keep * pv.spec.rollout_tp
+        freed = n - keep * tp
         beside = _split(view, pv, 1, self.dynamic_shares)[0]
-        shared = 1.0 / view.cost.slowdown("actor_update", beside, model=pv.model)
+        shared = 1.0 / cost.slowdown("actor_update", beside, model=m)
         if freed / n <= shared:
             return False
         ctx = t.ctx_tokens_per_rank
-        moved = sum(ctx[r] for r in busy[keep:]) if ctx else 0
-        cost = view.cost.prefill_time_s(pv.model, pv.spec.rollout_tp, max(1, moved), 0, 0.5,
-                                        num_seqs=max(1, sum(t.unfinished_per_rank[r]
-                                                            for r in busy[keep:])))
+        left = t.unfinished_per_rank
+        if not ctx:
+            return False
+        total_req = sum(left[r] for r in busy)
+        total_ctx = sum(ctx[r] for r in busy)
+        worst = max(busy, key=lambda r: ctx[r])
+        before = cost.decode_iter_time_s(m, tp, max(1, left[worst]), max(1, ctx[worst]))
+        after = cost.decode_iter_time_s(m, tp, max(1, math.ceil(total_req / keep)),
+                                        max(1, math.ceil(total_ctx / keep)))
+        moved = sum(ctx[r] for r in busy[keep:])
+        prefill = cost.prefill_time_s(m, tp, max(1, moved), 0, 1.0,
+                                      num_seqs=max(1, sum(left[r] for r in busy[keep:])))
         pred = self._pred.get((pv.name, t.step))
-        remaining = pred.gen_s - (view.now_s - t.start_s) if pred is not None else 0.0
-        return remaining > 3.0 * cost
+        remaining = max(0.0, pred.gen_s - (view.now_s - t.start_s)) if pred else 0.0
+        extra = remaining * max(0.0, after / before - 1.0) + prefill
+        gain = max((self._compute_gain(view, other, freed / n, shared)
+                    for other in view.pipelines if other.name != pv.name), default=0.0)
+        return gain > extra
+
+    def _compute_gain(self, view: View, pv: PipelineView, alone: float, shared: float) -> float:
+        """Seconds a ready compute stage of ``pv`` saves on freed devices vs shared ones."""
+        ready = [stage for _, stage in pv.ready() if stage in COMPUTE]
+        pred = self._pred.get((pv.name, pv.steps_completed))
+        if not ready or pred is None:
+            return 0.0
+        work = sum(pred.stages_s.get(s, 0.0) for s in COMPUTE)
+        return work / shared - work / alone
 
     def _apply_migration(self, b: _Board, m: Migrate) -> None:
         idx = b.rank_idx[m.task_id]
