@@ -1,5 +1,6 @@
 # jigsawrl — the two set-up commands of the README, each creating its own virtualenv.
-#   make demo   simulate two RL pipelines on 8 × H100 and print the comparison (no torch needed)
+#   make demo   simulate two RL pipelines on 8 × H100 under several schedulers and print the
+#               comparison (no torch needed); plots and timelines land in runs/demo
 #   make test   the offline, CPU-only test suite (installs the engine extra: pinned CPU torch)
 PYTHON ?= python3
 VENV ?= .venv
@@ -22,8 +23,8 @@ $(VENV)/.full: $(VENV)/.core
 	touch $@
 
 demo: $(VENV)/.core
-	$(VENV)/bin/jigsawrl simulate configs/two-gsm8k.yaml
-	$(VENV)/bin/jigsawrl compare configs/two-gsm8k.yaml --policies verl-split,verl-serial
+	$(VENV)/bin/jigsawrl simulate configs/two-gsm8k.yaml --policy jigsaw
+	$(VENV)/bin/jigsawrl compare configs/two-gsm8k.yaml --policies verl,verl-serial,muxserve,jigsaw --out runs/demo
 
 test: $(VENV)/.full
 	$(PY) -m pytest -q
