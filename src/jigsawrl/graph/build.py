@@ -114,16 +114,25 @@ def _merge(segs: list[tuple[str, float, float, int]]) -> list[tuple[str, float, 
     return out
 
 
+def post_rollout_stages(cost, model: ModelSpec, n: int, tokens: int, samples: int, *,  # noqa: ANN001
+                        use_ref: bool = True, ppo_epochs: int = 1,
+                        rollout_tp: int = 1) -> dict[str, float]:
+    """Full-share durations of a step's post-rollout stages on ``n`` training devices, in
+    verl's order (reward on the CPU, old / ref log-probs, update, weight sync)."""
+    out = {"reward": cost.reward_time_s(samples),
+           "old_logprob": cost.logprob_time_s(model, n, tokens)}
+    if use_ref:
+        out["ref_logprob"] = cost.logprob_time_s(model, n, tokens)
+    out["actor_update"] = ppo_epochs * cost.train_time_s(model, n, tokens)
+    out["weight_sync"] = cost.weight_sync_time_s(model, n, rollout_tp)
+    return out
+
+
 def _train_stages(shape: StepShape, tokens: int, samples: int,
                   cost) -> list[tuple[str, float]]:  # noqa: ANN001
-    m, n = shape.model, shape.train_devices
-    stages = [("reward", cost.reward_time_s(samples)),
-              ("old_logprob", cost.logprob_time_s(m, n, tokens))]
-    if shape.use_ref:
-        stages.append(("ref_logprob", cost.logprob_time_s(m, n, tokens)))
-    stages.append(("actor_update", shape.ppo_epochs * cost.train_time_s(m, n, tokens)))
-    stages.append(("weight_sync", cost.weight_sync_time_s(m, n, shape.rollout_tp)))
-    return stages
+    return list(post_rollout_stages(cost, shape.model, shape.train_devices, tokens, samples,
+                                    use_ref=shape.use_ref, ppo_epochs=shape.ppo_epochs,
+                                    rollout_tp=shape.rollout_tp).items())
 
 
 def chain_steps(graphs: list[SubStageGraph], staleness: int = 0) -> SubStageGraph:

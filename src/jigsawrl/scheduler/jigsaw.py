@@ -40,7 +40,7 @@ from functools import lru_cache
 
 from jigsawrl.costmodel import SHARE_LEVELS
 from jigsawrl.errors import ConfigError
-from jigsawrl.graph.build import rank_segments, split_ranks
+from jigsawrl.graph.build import post_rollout_stages, rank_segments, split_ranks
 from jigsawrl.graph.predict import HistoryPredictor
 from jigsawrl.scheduler.base import (
     ROLLOUT,
@@ -522,7 +522,10 @@ class JigsawPolicy:
         gen = segs[-1][2] if segs else 0.0
         tokens = sum(r.total_tokens for r in reqs)
         self._pred = {k: v for k, v in self._pred.items() if k[1] >= step - 1}
-        return _Prediction(gen, _stage_times(view, pv, tokens, len(reqs), n))
+        stages = post_rollout_stages(view.cost, pv.model, n, tokens, len(reqs),
+                                     use_ref=spec.use_ref, ppo_epochs=spec.train.ppo_epochs,
+                                     rollout_tp=spec.rollout_tp)
+        return _Prediction(gen, stages)
 
     def _by_urgency(self, view: View) -> list[PipelineView]:
         live = [pv for pv in view.pipelines if not pv.finished]
@@ -626,18 +629,6 @@ class JigsawPolicy:
             if rate > best + 1e-12:
                 best, arg = rate, [s1, s2]
         return arg
-
-
-def _stage_times(view: View, pv: PipelineView, tokens: int, samples: int,
-                 n: int) -> dict[str, float]:
-    """Predicted full-share durations of the post-rollout stages on ``n`` devices."""
-    c, m = view.cost, pv.model
-    out = {"reward": c.reward_time_s(samples), "old_logprob": c.logprob_time_s(m, n, tokens)}
-    if pv.spec.use_ref:
-        out["ref_logprob"] = c.logprob_time_s(m, n, tokens)
-    out["actor_update"] = pv.spec.train.ppo_epochs * c.train_time_s(m, n, tokens)
-    out["weight_sync"] = c.weight_sync_time_s(m, n, pv.spec.rollout_tp)
-    return out
 
 
 def _pack(busy: list[int], left: dict[int, int], keep: int, cap: int, tid: str,
