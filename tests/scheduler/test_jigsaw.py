@@ -146,3 +146,17 @@ def test_bad_params_are_config_errors() -> None:
         get_policy("jigsaw", {"bogus": 1})
     assert replace  # keep the import used for readers extending this file
     assert Span
+
+
+def test_eight_heterogeneous_pipelines_mixed_sync_async() -> None:
+    tasks = ["gsm8k", "math", "aime-tool", "search-r1"]
+    pipes = [{"name": f"p{i}", "model": "qwen3-0.6b" if i % 2 else "qwen3-4b",
+              "task": tasks[i % 4], "batch_size": 4, "group_size": 2,
+              "max_response_tokens": 1024, "steps": 2,
+              **({"mode": "async", "max_staleness": 1} if i % 3 == 0 else {})}
+             for i in range(8)]
+    c = validate_config({"cluster": {"accelerator": "h100-80gb", "num_nodes": 1,
+                                     "accelerators_per_node": 8}, "pipelines": pipes, "seed": 5})
+    res = run_once(resolve(c), get_policy("jigsaw"), 5)
+    done = {e.pipeline for e in res.events if isinstance(e, StepFinished) and e.step == 1}
+    assert done == {f"p{i}" for i in range(8)}
