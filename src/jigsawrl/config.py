@@ -70,6 +70,9 @@ class TrainSpec(_Strict):
     warmup_lr: float = Field(1e-3, gt=0)
     warmup_batch_size: int = Field(32, ge=1, description="demos per supervised warm-start step")
     eval_size: int = Field(64, ge=0, description="held-out prompts for greedy eval before/after")
+    recompute_old_logprobs: bool = Field(
+        True, description="separate old-log-prob pass; False reuses the update's own forward "
+                          "when ppo_epochs is 1 (exactly on-policy, as TRL does)")
     threads: int = Field(0, ge=0, description="torch threads; 0 = all cores")
     checkpoint_every: int = Field(0, ge=0, description="steps between checkpoints; 0 = only at end")
 

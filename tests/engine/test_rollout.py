@@ -335,6 +335,8 @@ def test_bad_input_is_an_input_error(mt) -> None:
         (GenerationRequest("t", [5], SamplingParams(4, temperature=-1)), "temperature"),
         (GenerationRequest("p", [5], SamplingParams(4, top_p=0)), "top_p"),
         (GenerationRequest("m", [5], SamplingParams(0)), "max_new_tokens"),
+        (GenerationRequest("s", [5], SamplingParams(4, stop="</a>")), "not a tuple"),
+        (GenerationRequest("z", [5], SamplingParams(4, stop=("",))), "empty stop"),
     ]
     for request, message in bad:
         with pytest.raises(InputError, match=message):

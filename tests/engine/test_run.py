@@ -93,3 +93,19 @@ def test_cli_unknown_task_exits_2(tmp_path: Path) -> None:
     cfg.write_text("pipelines: [{name: a, model: qwen2-1m, task: nope, steps: 1}]\n")
     result = CliRunner().invoke(_app(), ["run", str(cfg), "--set", "pipelines.0.train.threads=1"])
     assert result.exit_code == 2 and "unknown task" in result.output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", ["arithmetic", "calculator"])
+def test_learning_run_raises_reward(config: str, tmp_path: Path) -> None:
+    """The recorded learning runs (docs/BENCHMARKS-engine.md), shortened: reward rises."""
+    cfg = load_config(Path(__file__).parents[2] / "configs" / "real" / f"{config}.yaml",
+                      ["pipelines.0.train.threads=1"])
+    summary = run_experiment(cfg, tmp_path)
+    (p,) = summary["pipelines"]
+    curve = p["reward_mean_per_step"]
+    k = max(5, len(curve) // 5)
+    assert sum(curve[-k:]) / k > sum(curve[:k]) / k + 0.02
+    if config == "calculator":
+        tools = p["tool_calls_per_sample_per_step"]
+        assert sum(tools[-k:]) / k > sum(tools[:k]) / k

@@ -140,3 +140,19 @@ def test_kl_term_uses_reference() -> None:
     assert math.isfinite(metrics["actor/grad_norm"])
     with pytest.raises(ValueError):
         GRPOTrainer(_TinyLM(), GRPOConfig(kl_coef=0.1))
+
+
+def test_on_policy_shortcut_gives_the_same_step() -> None:
+    params = []
+    for recompute in (True, False):
+        model = _TinyLM()
+        trainer = GRPOTrainer(model, GRPOConfig(lr=1e-2, recompute_old_logprobs=recompute))
+        batch = _batch()
+        if recompute:
+            batch.old_logprobs = trainer.old_logprobs(batch)
+        else:
+            assert trainer.on_policy_shortcut
+        trainer.update(batch)
+        params.append([p.detach().clone() for p in model.parameters()])
+    for a, b in zip(*params, strict=True):
+        assert torch.allclose(a, b, atol=1e-6)

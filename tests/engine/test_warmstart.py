@@ -21,7 +21,7 @@ def _examples():
 
 def test_sft_pairs_end_with_eos_and_start_with_bos() -> None:
     _, tok = build_model("qwen2-1m", seed=0)
-    (prompt, resp), *_ = sft_examples(tok, _examples())
+    (prompt, resp, mask), *_ = sft_examples(tok, _examples())
     assert prompt[0] == tok.bos_token_id and resp[-1] == tok.eos_token_id
 
 
@@ -44,3 +44,18 @@ def test_zero_steps_is_a_no_op(tmp_path: Path) -> None:
     info = warm_start(model, tok, _examples(), WarmStartSpec("m", "t", 0, 0), tmp_path)
     assert info == {"cached": False, "duration_s": 0.0, "path": ""}
     assert not list(tmp_path.iterdir())
+
+
+def test_tool_results_are_masked_out_of_multi_turn_demos() -> None:
+    from jigsawrl.engine.warmstart import demo_tool_mask
+
+    task = get_task("calculator")
+    demo = "<calc>37*12</calc><r>444</r><calc>444+5</calc><r>449</r>A: 449"
+    mask = demo_tool_mask(task, demo)
+    masked = "".join(c for c, m in zip(demo, mask, strict=True) if m == 0)
+    assert masked == "<r>444</r><r>449</r>"
+    assert demo_tool_mask(get_task("arithmetic"), "12+7=19") == [1] * 7
+    ex = task.make_dataset(4, seed=0, split="train")
+    _, tok = build_model("qwen2-1m", seed=0)
+    for _, resp, m in sft_examples(tok, ex, task):
+        assert len(resp) == len(m) and 0 in m and m[-1] == 1

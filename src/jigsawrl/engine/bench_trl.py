@@ -46,11 +46,12 @@ class BenchTrlSpec:
     steps: int = 10
     temperature: float = 1.0
     top_p: float = 1.0
-    lr: float = 5e-5
+    lr: float = 3e-4
     clip_eps: float = 0.2
-    warmup_steps: int = 150
+    warmup_steps: int = 40
     seed: int = 0
     threads: int = 1
+    recompute_old_logprobs: bool = False  # TRL with num_iterations=1 does not recompute either
 
 
 def trl_available() -> tuple[bool, str]:
@@ -73,7 +74,7 @@ def pipeline_spec(b: BenchTrlSpec) -> PipelineSpec:
         rollout=RolloutSpec(temperature=b.temperature, top_p=b.top_p),
         train=TrainSpec(lr=b.lr, clip_eps=b.clip_eps, kl_coef=0.0, warmup_steps=b.warmup_steps,
                         micro_batch_size=b.batch_size * b.group_size, threads=b.threads,
-                        eval_size=0))
+                        eval_size=0, recompute_old_logprobs=b.recompute_old_logprobs))
 
 
 def _result(b: BenchTrlSpec, step_s: list[float], wall: float,

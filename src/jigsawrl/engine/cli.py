@@ -139,13 +139,16 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
             batch_size: Annotated[int, typer.Option(min=1)] = 16,
             group_size: Annotated[int, typer.Option(min=2)] = 4,
             steps: Annotated[int, typer.Option(min=1)] = 10,
-            temperature: float = 1.0, top_p: float = 1.0, lr: float = 5e-5,
-            warmup_steps: Annotated[int, typer.Option(min=0)] = 150, seed: int = 0,
+            temperature: float = 1.0, top_p: float = 1.0, lr: float = 3e-4,
+            warmup_steps: Annotated[int, typer.Option(min=0)] = 40, seed: int = 0,
             threads: Annotated[int, typer.Option(min=1)] = 1,
+            recompute_old_logprobs: Annotated[bool, typer.Option(
+                help="jigsawrl side: separate old-log-prob pass (TRL skips it)")] = False,
             out: Annotated[Path | None, typer.Option(help="write bench_trl.json here")] = None,
             ) -> None:
         """GRPO through TRL's GRPOTrainer and through jigsawrl: samples/s and reward."""
         bench_trl_command(dict(model=model, task=task, batch_size=batch_size,
                                group_size=group_size, steps=steps, temperature=temperature,
                                top_p=top_p, lr=lr, warmup_steps=warmup_steps, seed=seed,
-                               threads=threads), out)
+                               threads=threads,
+                               recompute_old_logprobs=recompute_old_logprobs), out)

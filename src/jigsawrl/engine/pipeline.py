@@ -118,11 +118,13 @@ class RealPipeline:
         ws = WarmStartSpec(model_key=spec.model, task_key=f"{spec.task}{spec.rollout.task_params}",
                            seed=self.seed, steps=tr.warmup_steps, lr=tr.warmup_lr,
                            batch_size=tr.warmup_batch_size)
-        self.warm_info = warm_start(self.model, self.tokenizer, self.pool, ws, self.cache_dir)
+        self.warm_info = warm_start(self.model, self.tokenizer, self.pool, ws, self.cache_dir,
+                                    task=self.task)
         ref = copy.deepcopy(self.model) if tr.kl_coef > 0 else None
         self.trainer = GRPOTrainer(self.model, GRPOConfig(
             lr=tr.lr, clip_eps=tr.clip_eps, kl_coef=tr.kl_coef, grad_clip=tr.grad_clip,
-            micro_batch_size=tr.micro_batch_size, ppo_epochs=tr.ppo_epochs), ref_model=ref)
+            micro_batch_size=tr.micro_batch_size, ppo_epochs=tr.ppo_epochs,
+            recompute_old_logprobs=tr.recompute_old_logprobs), ref_model=ref)
         self.engine = RolloutEngine(copy.deepcopy(self.model).eval(), self.tokenizer,
                                     max_batch_tokens=spec.rollout.max_batch_tokens,
                                     max_num_seqs=spec.rollout.max_num_seqs)
@@ -188,8 +190,11 @@ class RealPipeline:
         data.batch = build_batch(seqs, adv, self.tokenizer.pad_token_id)
 
     def old_logprob(self, data: StepData) -> None:
+        """Recompute the behaviour log-probs (skipped when the trainer's on-policy shortcut
+        applies: ``recompute_old_logprobs: false`` with one PPO epoch)."""
         assert data.batch is not None, "run reward() first"
-        data.batch.old_logprobs = self.trainer.old_logprobs(data.batch)
+        if not self.trainer.on_policy_shortcut:
+            data.batch.old_logprobs = self.trainer.old_logprobs(data.batch)
 
     def ref_logprob(self, data: StepData) -> None:
         assert data.batch is not None, "run reward() first"

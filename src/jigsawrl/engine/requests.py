@@ -38,6 +38,9 @@ class SamplingParams:
                              fix="use a temperature >= 0 (0 = greedy)")
         if not 0 < self.top_p <= 1:
             raise InputError(f"top_p is {self.top_p}", where=where, fix="use 0 < top_p <= 1")
+        if isinstance(self.stop, str):
+            raise InputError("stop is a string, not a tuple of strings", where=where,
+                             fix=f"use stop=({self.stop!r},)")
         if any(not s for s in self.stop):
             raise InputError("an empty stop string", where=where, fix="remove the empty string")
 

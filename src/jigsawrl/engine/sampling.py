@@ -53,15 +53,32 @@ def sample_tokens(
     scaled = logits / torch.where(greedy, torch.ones_like(temps), temps)[:, None]
     logp = torch.log_softmax(scaled, dim=-1)
     tokens = logits.argmax(dim=-1)
-    sampled_rows = [b for b, t in enumerate(temperatures) if t > 0]
-    if sampled_rows:
+    # Full-vocabulary rows and nucleus rows are drawn apart, so that how a row is drawn depends
+    # on its own top_p only, never on the other rows of the batch.
+    for nucleus in (False, True):
+        sampled_rows = [b for b, t in enumerate(temperatures)
+                        if t > 0 and (top_ps[b] < 1) == nucleus]
+        if not sampled_rows:
+            continue
         rows = torch.tensor(sampled_rows, dtype=torch.long, device=logits.device)
-        uniforms = torch.stack([torch.rand((), generator=generators[b]) for b in sampled_rows])
-        top_p = torch.tensor([top_ps[b] for b in sampled_rows], dtype=torch.float32)
-        picked = _nucleus_draw(logp.index_select(0, rows), top_p, uniforms.to(logits.device))
+        uniforms = torch.tensor([torch.rand((), generator=generators[b]).item()
+                                 for b in sampled_rows], device=logits.device)
+        sub = logp.index_select(0, rows)
+        if nucleus:
+            top_p = torch.tensor([top_ps[b] for b in sampled_rows], device=logits.device)
+            picked = _nucleus_draw(sub, top_p, uniforms)
+        else:
+            picked = _inverse_cdf(sub.exp(), uniforms)
         tokens = tokens.index_copy(0, rows, picked)
     chosen = logp.gather(1, tokens[:, None])[:, 0]
     return tokens.tolist(), chosen.tolist()
+
+
+def _inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Draw from the whole vocabulary in its own order (no sort is needed when top_p = 1)."""
+    cdf = torch.cumsum(probs, dim=-1)
+    idx = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None], right=True)
+    return idx.clamp(max=cdf.shape[-1] - 1)[:, 0]
 
 
 def _nucleus_draw(logp: torch.Tensor, top_p: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:

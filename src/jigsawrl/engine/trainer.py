@@ -205,6 +205,7 @@ class GRPOConfig:
     micro_batch_size: int = 64
     ppo_epochs: int = 1
     weight_decay: float = 0.0
+    recompute_old_logprobs: bool = True
 
 
 class GRPOTrainer:
@@ -229,6 +230,15 @@ class GRPOTrainer:
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr,
                                            weight_decay=config.weight_decay)
 
+    @property
+    def on_policy_shortcut(self) -> bool:
+        """True when the old log-probs are the update's own (detached) log-probs.
+
+        With one PPO epoch and one optimizer step per batch, the behaviour policy *is* the
+        current policy, so a separate pass would recompute the very same numbers (ratio 1).
+        """
+        return not self.config.recompute_old_logprobs and self.config.ppo_epochs == 1
+
     def old_logprobs(self, batch: TrainBatch) -> Tensor:
         """Recompute the behaviour policy's log-probs with the current actor (before updating)."""
         return compute_logprobs(self.model, batch, self.config.micro_batch_size)
@@ -244,7 +254,7 @@ class GRPOTrainer:
         Raises:
             ValueError: ``old_logprobs`` (or ``ref_logprobs`` with KL on) were not computed.
         """
-        if batch.old_logprobs is None:
+        if batch.old_logprobs is None and not self.on_policy_shortcut:
             raise ValueError("compute old_logprobs before update()")
         if self.config.kl_coef > 0 and batch.ref_logprobs is None:
             raise ValueError("kl_coef > 0: compute ref_logprobs before update()")
@@ -266,9 +276,8 @@ class GRPOTrainer:
         for mb in batch.micro_batches(cfg.micro_batch_size):
             logits = _forward_logits(self.model, mb)
             logp = token_logprobs_from_logits(logits, mb.input_ids)
-            assert mb.old_logprobs is not None
-            pg_tok, clipped = ppo_clip_token_loss(logp, mb.old_logprobs, mb.advantages,
-                                                  cfg.clip_eps)
+            old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
+            pg_tok, clipped = ppo_clip_token_loss(logp, old, mb.advantages, cfg.clip_eps)
             pg = masked_sum(pg_tok, mb.loss_mask) / total_tokens
             loss = pg
             if cfg.kl_coef > 0 and mb.ref_logprobs is not None:
@@ -280,7 +289,7 @@ class GRPOTrainer:
                 sums["pg"] += float(pg.item())
                 sums["ent"] += float(masked_sum(entropy_from_logits(logits), mb.loss_mask))
                 sums["clip"] += float(masked_sum(clipped, mb.loss_mask))
-                sums["ppo_kl"] += float(masked_sum(mb.old_logprobs - logp, mb.loss_mask))
+                sums["ppo_kl"] += float(masked_sum(old - logp, mb.loss_mask))
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
         if math.isfinite(float(grad_norm)):
             self.optimizer.step()

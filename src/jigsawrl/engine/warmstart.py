@@ -6,9 +6,9 @@ a signal from its first step (with all-zero rewards every group has advantage 0)
 
 Why short: the CPU notes measured that a long warm start solves the task outright and leaves RL
 nothing to learn; the default 150 steps stops at a low-but-nonzero reward. Multi-turn demos include
-the tool calls and the tool results exactly as the tool inserts them; the loss covers them too (a
-simplification: the result tokens are never sampled at rollout time, since generation pauses at
-the tool call's stop string, so learning to predict them only costs a little capacity).
+the tool calls and the tool results exactly as the tool inserts them; the tool results are masked
+out of the loss (found by replaying the demo through the task's own tool), because a model that
+learns to write ``<r>..</r>`` itself never waits for the tool.
 
 The trained weights are cached under ``cache_dir`` keyed by model, task, seed, steps, lr and batch
 size, so a second run with the same key loads them in milliseconds.
@@ -33,6 +33,8 @@ from jigsawrl.engine.agent import encode_prompt, encode_text
 
 log = logging.getLogger(__name__)
 
+_FORMAT = "v2"  # bump when the training recipe changes, so stale cache entries are not reused
+
 
 @dataclass(frozen=True)
 class WarmStartSpec:
@@ -46,7 +48,8 @@ class WarmStartSpec:
     batch_size: int = 32
 
     def cache_name(self) -> str:
-        raw = f"{self.model_key}|{self.task_key}|{self.seed}|{self.steps}|{self.lr}|{self.batch_size}"
+        raw = (f"{_FORMAT}|{self.model_key}|{self.task_key}|{self.seed}|{self.steps}|{self.lr}|"
+               f"{self.batch_size}")
         slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{self.model_key}-{self.task_key}")[-60:]
         digest = hashlib.sha256(raw.encode()).hexdigest()[:12]
         return f"{slug}-s{self.seed}-n{self.steps}-{digest}"
@@ -58,27 +61,65 @@ def default_cache_dir() -> Path:
     return Path(base) / "warmstart"
 
 
-def sft_examples(tokenizer: Any, examples: list[Any]) -> list[tuple[list[int], list[int]]]:
-    """``(prompt_ids, response_ids + [eos])`` pairs for the examples that carry a demo."""
-    pairs = []
+def demo_tool_mask(task: Any, demo: str) -> list[int]:
+    """Per-character mask of ``demo``: 0 on the tool results the task's tool would insert.
+
+    The demo is replayed turn by turn: at every tool-call stop string the task's own
+    ``call_tool`` is asked for the result, and where the demo continues with exactly that text,
+    those characters get 0 (the model never writes them at rollout time, so it must not learn to
+    imitate them: a model that writes its own ``<r>..</r>`` skips the tool).
+    """
+    mask = [1] * len(demo)
+    stops = tuple(getattr(task, "stop", ())) if getattr(task, "multi_turn", False) else ()
+    pos, turn_start, state = 0, 0, {}
+    while stops:
+        hits = [(demo.find(s, pos), s) for s in stops if demo.find(s, pos) >= 0]
+        if not hits:
+            break
+        at, stop = min(hits)
+        end = at + len(stop)
+        result = task.call_tool(demo[turn_start:end], state).text
+        if not demo.startswith(result, end):
+            pos = end
+            continue
+        mask[end: end + len(result)] = [0] * len(result)
+        pos = turn_start = end + len(result)
+    return mask
+
+
+def sft_examples(tokenizer: Any, examples: list[Any],
+                 task: Any = None) -> list[tuple[list[int], list[int], list[int]]]:
+    """``(prompt_ids, response_ids + [eos], loss_mask)`` for the examples that carry a demo.
+
+    The character tokenizer gives one token per character, so the character mask of
+    :func:`demo_tool_mask` is the token mask; for other tokenizers the whole demo is trained on.
+    """
+    triples = []
     for ex in examples:
         demo = getattr(ex, "demo", None)
-        if demo:
-            pairs.append((encode_prompt(tokenizer, ex.prompt),
-                          encode_text(tokenizer, demo) + [tokenizer.eos_token_id]))
-    return pairs
+        if not demo:
+            continue
+        ids = encode_text(tokenizer, demo)
+        mask = demo_tool_mask(task, demo) if task is not None else [1] * len(ids)
+        if len(mask) != len(ids):
+            mask = [1] * len(ids)
+        triples.append((encode_prompt(tokenizer, ex.prompt), ids + [tokenizer.eos_token_id],
+                        mask + [1]))
+    return triples
 
 
-def _collate(pairs: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, ...]:
-    width = max(len(p) + len(r) for p, r in pairs)
-    ids = torch.full((len(pairs), width), pad_id, dtype=torch.long)
+def _collate(triples: list[tuple[list[int], list[int], list[int]]],
+             pad_id: int) -> tuple[torch.Tensor, ...]:
+    width = max(len(p) + len(r) for p, r, _ in triples)
+    ids = torch.full((len(triples), width), pad_id, dtype=torch.long)
     attn = torch.zeros_like(ids)
     labels = torch.full_like(ids, -100)
-    for i, (p, r) in enumerate(pairs):
+    for i, (p, r, m) in enumerate(triples):
         seq = p + r
         ids[i, : len(seq)] = torch.tensor(seq)
         attn[i, : len(seq)] = 1
-        labels[i, len(p): len(seq)] = torch.tensor(r)
+        labels[i, len(p): len(seq)] = torch.tensor([t if k else -100 for t, k in zip(r, m,
+                                                                                   strict=True)])
     return ids, attn, labels
 
 
@@ -90,7 +131,8 @@ def sft_loss(model: nn.Module, ids: torch.Tensor, attn: torch.Tensor,
                                        labels[:, 1:].reshape(-1), ignore_index=-100)
 
 
-def train_sft(model: nn.Module, tokenizer: Any, pairs: list[tuple[list[int], list[int]]],
+def train_sft(model: nn.Module, tokenizer: Any,
+              pairs: list[tuple[list[int], list[int], list[int]]],
               spec: WarmStartSpec) -> dict[str, float]:
     """Run ``spec.steps`` AdamW steps on random mini-batches of ``pairs`` (seeded)."""
     if not pairs:
@@ -114,13 +156,14 @@ def train_sft(model: nn.Module, tokenizer: Any, pairs: list[tuple[list[int], lis
 
 
 def warm_start(model: nn.Module, tokenizer: Any, examples: list[Any], spec: WarmStartSpec,
-               cache_dir: Path | None = None) -> dict[str, Any]:
+               cache_dir: Path | None = None, task: Any = None) -> dict[str, Any]:
     """Warm-start ``model`` in place from the cache, or train it and fill the cache.
 
     Args:
         model: the freshly built model (its initial weights must depend only on ``spec``).
         tokenizer: the model's tokenizer.
         examples: task examples with ``prompt`` and ``demo``.
+        task: the task, to mask its tool results out of the loss (multi-turn demos).
         spec: the key and hyper-parameters.
         cache_dir: where cached weights live; None means :func:`default_cache_dir`.
 
@@ -138,7 +181,7 @@ def warm_start(model: nn.Module, tokenizer: Any, examples: list[Any], spec: Warm
             return {"cached": True, "duration_s": time.perf_counter() - t0, "path": str(path)}
         except (OSError, RuntimeError) as exc:
             log.warning("warm-start cache %s unreadable (%s); retraining", path, exc)
-    info: dict[str, Any] = dict(train_sft(model, tokenizer, sft_examples(tokenizer, examples),
+    info: dict[str, Any] = dict(train_sft(model, tokenizer, sft_examples(tokenizer, examples, task),
                                           spec))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
