@@ -98,7 +98,7 @@ def test_cli_unknown_task_exits_2(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("config", ["arithmetic", "calculator"])
 def test_learning_run_raises_reward(config: str, tmp_path: Path) -> None:
-    """The recorded learning runs (docs/BENCHMARKS-engine.md), shortened: reward rises."""
+    """The recorded learning runs (docs/BENCHMARKS.md), shortened: reward rises."""
     cfg = load_config(Path(__file__).parents[2] / "configs" / "real" / f"{config}.yaml",
                       ["pipelines.0.train.threads=1"])
     summary = run_experiment(cfg, tmp_path)
