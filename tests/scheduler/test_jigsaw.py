@@ -12,7 +12,8 @@ from jigsawrl.events import SampleFinished, Span, StepFinished
 from jigsawrl.runner import make_cost, run_once
 from jigsawrl.scheduler import Decision, Migrate, SetResident, StartRollout, StartStage, get_policy
 from jigsawrl.scheduler.base import RunningTask
-from jigsawrl.scheduler.jigsaw import JigsawPolicy, _pack
+from jigsawrl.scheduler.jigsaw import JigsawPolicy
+from jigsawrl.scheduler.jigsaw_parts import _pack
 from jigsawrl.workload.resolve import resolve
 
 

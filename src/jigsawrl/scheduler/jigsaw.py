@@ -34,10 +34,6 @@ sync (a transfer) hold no compute share.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
-from functools import lru_cache
-
 from jigsawrl.costmodel import SHARE_LEVELS
 from jigsawrl.errors import ConfigError
 from jigsawrl.graph.build import post_rollout_stages, rank_segments, split_ranks
@@ -46,7 +42,6 @@ from jigsawrl.scheduler.base import (
     ROLLOUT,
     Action,
     Decision,
-    Migrate,
     PipelineView,
     RunningTask,
     SetResident,
@@ -59,46 +54,26 @@ from jigsawrl.scheduler.base import (
     task_id,
 )
 from jigsawrl.scheduler.forecast import FState, FWork, forecast
+from jigsawrl.scheduler.jigsaw_parts import (
+    COMPUTE,
+    HOST,
+    MEM_HEADROOM,
+    Board,
+    Prediction,
+    _level_floor,
+    _rollout_rate,
+    _slow_fn,
+    _split,
+    _with_share,
+)
+from jigsawrl.scheduler.jigsaw_tail import TailMigration
 from jigsawrl.scheduler.verl import MICRO_BATCH_TOKENS, pipeline_resident_bytes
 from jigsawrl.sim.rollout import RolloutInstance
 from jigsawrl.workload.tasks import TASKS
 
-COMPUTE = frozenset({"old_logprob", "ref_logprob", "actor_update"})
-HOST = frozenset({"reward", "weight_sync", "onload", "offload"})
-MEM_HEADROOM = 2e9  # bytes per device kept free (allocator fragmentation, CUDA context)
-
-
-@dataclass(slots=True)
-class _Prediction:
-    gen_s: float
-    stages_s: dict[str, float]
-
-    @property
-    def step_s(self) -> float:
-        return self.gen_s + sum(self.stages_s.values())
-
-
-@dataclass(slots=True)
-class _Board:
-    """This decision's model of the pool: who holds compute on which device, at what share."""
-
-    dev: list[dict[str, float]]  # device -> task id -> share (compute-holding tasks only)
-    kind: dict[str, str] = field(default_factory=dict)  # task id -> memory | compute
-    pipe: dict[str, str] = field(default_factory=dict)
-    stage: dict[str, str] = field(default_factory=dict)
-    ranks: dict[str, list[tuple[int, ...]]] = field(default_factory=dict)  # live rollout ranks
-    rank_idx: dict[str, list[int]] = field(default_factory=dict)
-    mem_free: list[float] = field(default_factory=list)
-
-    def count(self, d: int) -> int:
-        return len(self.dev[d])
-
-    def has_compute(self, d: int) -> bool:
-        return any(self.kind[t] == "compute" for t in self.dev[d])
-
 
 @register_policy("jigsaw")
-class JigsawPolicy:
+class JigsawPolicy(TailMigration):
     """JigsawRL: multiplexing, dynamic shares, tail migration, look-ahead (see module doc)."""
 
     wants_rank_progress = True
@@ -119,7 +94,7 @@ class JigsawPolicy:
         self.min_rollout_fraction = min_rollout_fraction
         self.name = name
         self._predictor = HistoryPredictor(history_window)
-        self._pred: dict[tuple[str, int], _Prediction] = {}
+        self._pred: dict[tuple[str, int], Prediction] = {}
         self._kv_mem = 0.0
         self._placed = False
         self._resident: dict[str, float] = {}
@@ -168,7 +143,7 @@ class JigsawPolicy:
         self._placed = True
         return []
 
-    def _memory_moves(self, view: View, b: _Board) -> list[Action]:
+    def _memory_moves(self, view: View, b: Board) -> list[Action]:
         """Onload a pipeline's train state when its training stage is next (one at a time);
         offload it after its update. Memory is reserved from the onload's start and released
         when the offload has finished."""
@@ -201,7 +176,7 @@ class JigsawPolicy:
                     b.mem_free[d] -= self._resident[pv.name]
         return actions
 
-    def _can_onload(self, view: View, b: _Board, pv: PipelineView) -> bool:
+    def _can_onload(self, view: View, b: Board, pv: PipelineView) -> bool:
         if any(s != "host" for s in self._state.values()):
             return False  # one train state on the devices at a time (the memory plan above)
         n = len(view.devices)
@@ -210,15 +185,15 @@ class JigsawPolicy:
         return all(b.mem_free[d] >= need for d in range(n))
 
     # ------------------------------------------------------------------ board
-    def _board(self, view: View) -> _Board:
-        b = _Board([{} for _ in view.devices])
+    def _board(self, view: View) -> Board:
+        b = Board([{} for _ in view.devices])
         b.mem_free = [d.mem_capacity_bytes - d.mem_used_bytes for d in view.devices]
         for pv in view.pipelines:
             for t in pv.running:
                 self._add_running(b, t)
         return b
 
-    def _add_running(self, b: _Board, t: RunningTask) -> None:
+    def _add_running(self, b: Board, t: RunningTask) -> None:
         if t.stage in HOST:
             return
         b.pipe[t.task_id], b.stage[t.task_id] = t.pipeline, t.stage
@@ -235,108 +210,8 @@ class JigsawPolicy:
             for d in t.devices:
                 b.dev[d][t.task_id] = t.share
 
-    # ------------------------------------------------------------------ migration
-    def _migrate(self, view: View, b: _Board) -> list[Action]:
-        actions: list[Action] = []
-        waiting = self._compute_waiting(view, b)
-        for pv in view.pipelines:
-            per_rank = self._tail_capacity(view, pv)
-            for t in pv.running:
-                if t.stage != ROLLOUT or t.task_id not in b.ranks:
-                    continue
-                for act in self._tail_actions(view, pv, t, b, waiting, per_rank):
-                    actions.append(act)
-                    self._apply_migration(b, act)
-        return actions
-
-    def _compute_waiting(self, view: View, b: _Board) -> bool:
-        """Is a compute-bound stage of another pipeline ready to start? Only then do freed
-        devices have a taker (a running stage keeps its devices, so freeing more cannot help
-        it): the benefit side of migration."""
-        return any(stage in COMPUTE and not any(b.kind.get(t) == "compute" for dev in b.dev
-                                                for t in dev)
-                   for pv in view.pipelines for _, stage in pv.ready())
-
-    def _tail_capacity(self, view: View, pv: PipelineView) -> int:
-        """Requests one rank can hold without KV preemption, assuming each may grow to its cap
-        (the scheduler does not know true lengths), and at most ``tail_batch``."""
-        spec = pv.spec
-        kv = view.cost.kv_budget_tokens(pv.model, spec.rollout_tp, max(self._kv_mem, 1.0))
-        worst = spec.max_response_tokens + 512
-        return max(1, min(self.tail_batch, kv // worst))
-
-    def _tail_actions(self, view: View, pv: PipelineView, t: RunningTask, b: _Board,
-                      waiting: bool, per_rank: int) -> list[Migrate]:
-        live = b.rank_idx[t.task_id]
-        if len(live) < 2 or len(t.unfinished_per_rank) < len(t.rank_devices):
-            return []  # no progress report yet
-        left = {r: t.unfinished_per_rank[r] for r in live}
-        busy = sorted((r for r in live if left[r] > 0), key=lambda r: -left[r])
-        if not busy:
-            return []
-        total = sum(left.values())
-        keep = max(1, math.ceil(total / per_rank))
-        if waiting and total <= self.tail_requests and keep < len(busy) and \
-                self._worth_moving(view, pv, t, busy, keep):
-            return _pack(busy, left, keep, per_rank, t.task_id, live)
-        drained = tuple(r for r in live if left[r] == 0)
-        if drained:  # release idle ranks (no cost: nothing moves)
-            return [Migrate(t.task_id, drained, busy[0])]
-        return []
-
-    def _worth_moving(self, view: View, pv: PipelineView, t: RunningTask, busy: list[int],
-                      keep: int) -> bool:
-        """Migrate only when the time it saves the waiting compute stage (running alone on the
-        freed devices instead of shared beside decodes) exceeds what it costs the tail: the
-        re-prefill of the moved context plus slower iterations, since the tail's KV reads now
-        go through fewer devices' bandwidth (belief cost model)."""
-        cost, m, tp = view.cost, pv.model, pv.spec.rollout_tp
-        n = len(view.devices)
-        freed = n - keep * tp
-        beside = _split(view, pv, 1, self.dynamic_shares)[0]
-        shared = 1.0 / cost.slowdown("actor_update", beside, model=m)
-        if freed / n <= shared:
-            return False
-        ctx = t.ctx_tokens_per_rank
-        left = t.unfinished_per_rank
-        if not ctx:
-            return False
-        total_req = sum(left[r] for r in busy)
-        total_ctx = sum(ctx[r] for r in busy)
-        worst = max(busy, key=lambda r: ctx[r])
-        before = cost.decode_iter_time_s(m, tp, max(1, left[worst]), max(1, ctx[worst]))
-        after = cost.decode_iter_time_s(m, tp, max(1, math.ceil(total_req / keep)),
-                                        max(1, math.ceil(total_ctx / keep)))
-        moved = sum(ctx[r] for r in busy[keep:])
-        prefill = cost.prefill_time_s(m, tp, max(1, moved), 0, 1.0,
-                                      num_seqs=max(1, sum(left[r] for r in busy[keep:])))
-        pred = self._pred.get((pv.name, t.step))
-        remaining = max(0.0, pred.gen_s - (view.now_s - t.start_s)) if pred else 0.0
-        extra = remaining * max(0.0, after / before - 1.0) + prefill
-        gain = max((self._compute_gain(view, other, freed / n, shared)
-                    for other in view.pipelines if other.name != pv.name), default=0.0)
-        return gain > extra
-
-    def _compute_gain(self, view: View, pv: PipelineView, alone: float, shared: float) -> float:
-        """Seconds a ready compute stage of ``pv`` saves on freed devices vs shared ones."""
-        ready = [stage for _, stage in pv.ready() if stage in COMPUTE]
-        pred = self._pred.get((pv.name, pv.steps_completed))
-        if not ready or pred is None:
-            return 0.0
-        work = sum(pred.stages_s.get(s, 0.0) for s in COMPUTE)
-        return work / shared - work / alone
-
-    def _apply_migration(self, b: _Board, m: Migrate) -> None:
-        idx = b.rank_idx[m.task_id]
-        for r in m.src_ranks:
-            for d in b.ranks[m.task_id][idx.index(r)]:
-                b.dev[d].pop(m.task_id, None)
-        keep = [i for i, r in enumerate(idx) if r not in m.src_ranks]
-        b.ranks[m.task_id] = [b.ranks[m.task_id][i] for i in keep]
-        b.rank_idx[m.task_id] = [idx[i] for i in keep]
-
     # ------------------------------------------------------------------ starting work
-    def _choose_starts(self, view: View, b: _Board) -> list[Action]:
+    def _choose_starts(self, view: View, b: Board) -> list[Action]:
         ready = [(pv, step, stage) for pv in self._by_urgency(view) for step, stage in pv.ready()]
         starts: list[Action] = []
         for pv, step, stage in ready:
@@ -354,7 +229,7 @@ class JigsawPolicy:
             starts.append(choice)
         return starts
 
-    def _rollout_start(self, view: View, b: _Board, pv: PipelineView,
+    def _rollout_start(self, view: View, b: Board, pv: PipelineView,
                        step: int) -> StartRollout | None:
         """Place a rollout on the least-loaded TP groups with a free engine slot and memory, at
         most a fair share of the pool's engine slots (``n × max_colocated / live pipelines``):
@@ -389,11 +264,11 @@ class JigsawPolicy:
         return StartRollout(pv.name, step, tuple(devs), tp, share=1.0, kv_mem_bytes=self._kv_mem)
 
     @staticmethod
-    def _mem_slots(b: _Board, d: int) -> int:
+    def _mem_slots(b: Board, d: int) -> int:
         """Rollout engines on device ``d`` (a compute stage does not take an engine slot)."""
         return sum(1 for t in b.dev[d] if b.kind[t] == "memory")
 
-    def _pick_compute(self, view: View, b: _Board,
+    def _pick_compute(self, view: View, b: Board,
                       ready: list[tuple[PipelineView, int, str]]) -> StartStage | None:
         """Start at most one compute stage now (one per device at a time), chosen by look-ahead."""
         cands = [(pv, step, stage, self._compute_devices(view, b, pv))
@@ -421,7 +296,7 @@ class JigsawPolicy:
             view.cost.train_state_bytes(pv.model, len(view.devices)))
         return StartStage(pv.name, step, stage, devs, share=1.0, mem_bytes=mem)
 
-    def _compute_devices(self, view: View, b: _Board, pv: PipelineView) -> tuple[int, ...]:
+    def _compute_devices(self, view: View, b: Board, pv: PipelineView) -> tuple[int, ...]:
         """All devices (shared with decodes) or only the free ones at full share: the faster."""
         n = len(view.devices)
         if any(b.has_compute(d) for d in range(n)):
@@ -439,7 +314,7 @@ class JigsawPolicy:
             return free
         return tuple(range(n)) if shared_ok else ()
 
-    def _compute_share_beside(self, view: View, b: _Board, pv: PipelineView) -> float:
+    def _compute_share_beside(self, view: View, b: Board, pv: PipelineView) -> float:
         mems = max((sum(1 for t in b.dev[d] if b.kind[t] == "memory") for d in range(len(b.dev))),
                    default=0)
         if mems == 0:
@@ -447,7 +322,7 @@ class JigsawPolicy:
         return _split(view, pv, mems, self.dynamic_shares)[0]
 
     # ------------------------------------------------------------------ look-ahead
-    def _score(self, view: View, b: _Board, opt, names: list[str]) -> float:  # noqa: ANN001
+    def _score(self, view: View, b: Board, opt, names: list[str]) -> float:  # noqa: ANN001
         st = self._forecast_state(view, b)
         if opt is None:
             st.deferred = set(names)
@@ -456,7 +331,7 @@ class JigsawPolicy:
         slow = _slow_fn(view)
         return forecast(st, self.depth, slow)
 
-    def _forecast_state(self, view: View, b: _Board) -> FState:
+    def _forecast_state(self, view: View, b: Board) -> FState:
         running: list[FWork] = []
         chains: dict[str, list[FWork]] = {}
         weights: dict[str, float] = {}
@@ -489,19 +364,19 @@ class JigsawPolicy:
         return FState(view.now_s, running, chains, weights, frac)
 
     @staticmethod
-    def _mem_frac(b: _Board) -> float:
+    def _mem_frac(b: Board) -> float:
         n = len(b.dev)
         held = sum(1 for d in range(n) if any(b.kind.get(t) == "memory" for t in b.dev[d]))
         return held / n if n else 1.0
 
     # ------------------------------------------------------------------ prediction, urgency
-    def _ensure_prediction(self, view: View, pv: PipelineView, step: int) -> _Prediction:
+    def _ensure_prediction(self, view: View, pv: PipelineView, step: int) -> Prediction:
         key = (pv.name, step)
         if key not in self._pred:
             self._pred[key] = self._predict(view, pv, step)
         return self._pred[key]
 
-    def _predict(self, view: View, pv: PipelineView, step: int) -> _Prediction:
+    def _predict(self, view: View, pv: PipelineView, step: int) -> Prediction:
         n = len(view.devices)
         spec = pv.spec
         task = TASKS.get(spec.task)
@@ -525,7 +400,7 @@ class JigsawPolicy:
         stages = post_rollout_stages(view.cost, pv.model, n, tokens, len(reqs),
                                      use_ref=spec.use_ref, ppo_epochs=spec.train.ppo_epochs,
                                      rollout_tp=spec.rollout_tp)
-        return _Prediction(gen, stages)
+        return Prediction(gen, stages)
 
     def _by_urgency(self, view: View) -> list[PipelineView]:
         live = [pv for pv in view.pipelines if not pv.finished]
@@ -554,7 +429,7 @@ class JigsawPolicy:
         return per * (pv.spec.steps - pv.steps_completed)
 
     # ------------------------------------------------------------------ shares
-    def _share_actions(self, view: View, b: _Board, starts: list[Action]) -> list[Action]:
+    def _share_actions(self, view: View, b: Board, starts: list[Action]) -> list[Action]:
         """Assign every device's split, then emit decreases, starts, increases (in that order,
         so the driver never sees a device over its compute)."""
         want = self._assign(view, b)
@@ -581,7 +456,7 @@ class JigsawPolicy:
                     (down if new < old else up).append(SetShare(tid, new, rank=r))
         return down + starts + up
 
-    def _assign(self, view: View, b: _Board) -> dict[str, dict[int, float]]:
+    def _assign(self, view: View, b: Board) -> dict[str, dict[int, float]]:
         """Per task, per device: its compute share."""
         want: dict[str, dict[int, float]] = {}
         compute_share: dict[str, float] = {}
@@ -629,79 +504,6 @@ class JigsawPolicy:
             if rate > best + 1e-12:
                 best, arg = rate, [s1, s2]
         return arg
-
-
-def _pack(busy: list[int], left: dict[int, int], keep: int, cap: int, tid: str,
-          live: list[int]) -> list[Migrate]:
-    """Move the tail onto the ``keep`` fullest ranks (they keep their KV), filling each up to
-    ``cap`` requests, largest sources first; drained ranks are released onto the first."""
-    dsts = busy[:keep]
-    load = {d: left[d] for d in dsts}
-    moves: dict[int, list[int]] = {d: [] for d in dsts}
-    for src in busy[keep:]:
-        d = min(dsts, key=lambda x: load[x])
-        moves[d].append(src)
-        load[d] += left[src]
-    moves[dsts[0]].extend(r for r in live if left[r] == 0)
-    return [Migrate(tid, tuple(srcs), d) for d, srcs in moves.items() if srcs]
-
-
-def _with_share(a: Action, want: dict[str, dict[int, float]]) -> Action:
-    if isinstance(a, StartRollout):
-        shares = want.get(task_id(a.pipeline, a.step, ROLLOUT), {})
-        s = min((shares[d] for d in a.devices if d in shares), default=1.0)
-        return StartRollout(a.pipeline, a.step, a.devices, a.tp, s, a.kv_mem_bytes, a.dispatch)
-    if isinstance(a, StartStage) and a.stage in COMPUTE:
-        shares = want.get(task_id(a.pipeline, a.step, a.stage), {})
-        s = min(shares.values(), default=1.0)
-        return StartStage(a.pipeline, a.step, a.stage, a.devices, s, a.mem_bytes)
-    return a
-
-
-def _rollout_rate(view: View, pv: PipelineView, share: float) -> float:
-    task = TASKS.get(pv.spec.task)
-    prefill = 0.25 if task is not None and task.multi_turn else 0.05  # share of rollout time
-    cost = view.cost
-    return (1 - prefill) / cost.slowdown("decode_small", share) + prefill / cost.slowdown(
-        "prefill", share)
-
-
-def _level_floor(x: float) -> float:
-    fit = [s for s in SHARE_LEVELS if s <= x + 1e-9]
-    return fit[-1] if fit else max(x, 0.05)
-
-
-def _slow_fn(view: View):  # noqa: ANN202
-    cost = view.cost
-
-    def slow(stage: str, share: float) -> float:
-        if stage == ROLLOUT:
-            stage = "decode_small"
-        return cost.slowdown(stage, max(0.05, min(1.0, share)))
-
-    return slow
-
-
-def _split(view: View, pv: PipelineView, n_mem: int, dynamic: bool) -> tuple[float, float]:
-    """(compute share, share of each of ``n_mem`` co-located decodes) for a device pairing a
-    compute-bound stage with decodes: the level maximising the summed progress rate."""
-    if not dynamic:
-        even = _level_floor(1.0 / (n_mem + 1))
-        return 1.0 - even * n_mem, even
-    return _best_split(id(view.cost), view.cost, pv.model.name, n_mem)
-
-
-@lru_cache(maxsize=256)
-def _best_split(_key: int, cost, model_name: str, n_mem: int) -> tuple[float, float]:  # noqa: ANN001
-    best, arg = -1.0, (0.5, 0.5)
-    for m in SHARE_LEVELS:
-        c = 1.0 - m * n_mem
-        if c < 0.2 - 1e-9:
-            continue
-        rate = 1.0 / cost.slowdown("actor_update", c) + n_mem / cost.slowdown("decode_small", m)
-        if rate > best + 1e-12:
-            best, arg = rate, (round(c, 6), m)
-    return arg
 
 
 @register_policy("greedy")

@@ -1,0 +1,125 @@
+"""Long-tail migration for ``jigsaw`` (the paper's sub-stage merging), as a mixin.
+
+When a rollout's unfinished requests shrink to a tail spread over more ranks than it needs, they
+can be moved onto fewer ranks (abort + re-prefill at the destination) so that the freed devices
+run another pipeline's compute stage alone. Ranks that drained are always released (nothing
+moves). Consolidation is taken only when the compute stage's gain beats the re-prefill and the
+slower consolidated tail, both estimated with the belief cost model.
+"""
+
+from __future__ import annotations
+
+import math
+
+from jigsawrl.scheduler.base import ROLLOUT, Action, Migrate, PipelineView, RunningTask, View
+from jigsawrl.scheduler.jigsaw_parts import COMPUTE, Board, _pack, _split
+
+
+class TailMigration:
+    """Mixin: needs ``tail_batch``, ``tail_requests``, ``dynamic_shares``, ``_kv_mem`` and
+    ``_pred`` from the policy."""
+
+    tail_batch: int
+    tail_requests: int
+    dynamic_shares: bool
+    _kv_mem: float
+    _pred: dict
+
+    def _migrate(self, view: View, b: Board) -> list[Action]:
+        actions: list[Action] = []
+        waiting = self._compute_waiting(view, b)
+        for pv in view.pipelines:
+            per_rank = self._tail_capacity(view, pv)
+            for t in pv.running:
+                if t.stage != ROLLOUT or t.task_id not in b.ranks:
+                    continue
+                for act in self._tail_actions(view, pv, t, b, waiting, per_rank):
+                    actions.append(act)
+                    self._apply_migration(b, act)
+        return actions
+
+    def _compute_waiting(self, view: View, b: Board) -> bool:
+        """Is a compute-bound stage of another pipeline ready to start? Only then do freed
+        devices have a taker (a running stage keeps its devices, so freeing more cannot help
+        it): the benefit side of migration."""
+        return any(stage in COMPUTE and not any(b.kind.get(t) == "compute" for dev in b.dev
+                                                for t in dev)
+                   for pv in view.pipelines for _, stage in pv.ready())
+
+    def _tail_capacity(self, view: View, pv: PipelineView) -> int:
+        """Requests one rank can hold without KV preemption, assuming each may grow to its cap
+        (the scheduler does not know true lengths), and at most ``tail_batch``."""
+        spec = pv.spec
+        kv = view.cost.kv_budget_tokens(pv.model, spec.rollout_tp, max(self._kv_mem, 1.0))
+        worst = spec.max_response_tokens + 512
+        return max(1, min(self.tail_batch, kv // worst))
+
+    def _tail_actions(self, view: View, pv: PipelineView, t: RunningTask, b: Board,
+                      waiting: bool, per_rank: int) -> list[Migrate]:
+        live = b.rank_idx[t.task_id]
+        if len(live) < 2 or len(t.unfinished_per_rank) < len(t.rank_devices):
+            return []  # no progress report yet
+        left = {r: t.unfinished_per_rank[r] for r in live}
+        busy = sorted((r for r in live if left[r] > 0), key=lambda r: -left[r])
+        if not busy:
+            return []
+        total = sum(left.values())
+        keep = max(1, math.ceil(total / per_rank))
+        if waiting and total <= self.tail_requests and keep < len(busy) and \
+                self._worth_moving(view, pv, t, busy, keep):
+            return _pack(busy, left, keep, per_rank, t.task_id, live)
+        drained = tuple(r for r in live if left[r] == 0)
+        if drained:  # release idle ranks (no cost: nothing moves)
+            return [Migrate(t.task_id, drained, busy[0])]
+        return []
+
+    def _worth_moving(self, view: View, pv: PipelineView, t: RunningTask, busy: list[int],
+                      keep: int) -> bool:
+        """Migrate only when the time it saves the waiting compute stage (running alone on the
+        freed devices instead of shared beside decodes) exceeds what it costs the tail: the
+        re-prefill of the moved context plus slower iterations, since the tail's KV reads now
+        go through fewer devices' bandwidth (belief cost model)."""
+        cost, m, tp = view.cost, pv.model, pv.spec.rollout_tp
+        n = len(view.devices)
+        freed = n - keep * tp
+        beside = _split(view, pv, 1, self.dynamic_shares)[0]
+        shared = 1.0 / cost.slowdown("actor_update", beside, model=m)
+        if freed / n <= shared:
+            return False
+        ctx = t.ctx_tokens_per_rank
+        left = t.unfinished_per_rank
+        if not ctx:
+            return False
+        total_req = sum(left[r] for r in busy)
+        total_ctx = sum(ctx[r] for r in busy)
+        worst = max(busy, key=lambda r: ctx[r])
+        before = cost.decode_iter_time_s(m, tp, max(1, left[worst]), max(1, ctx[worst]))
+        after = cost.decode_iter_time_s(m, tp, max(1, math.ceil(total_req / keep)),
+                                        max(1, math.ceil(total_ctx / keep)))
+        moved = sum(ctx[r] for r in busy[keep:])
+        prefill = cost.prefill_time_s(m, tp, max(1, moved), 0, 1.0,
+                                      num_seqs=max(1, sum(left[r] for r in busy[keep:])))
+        pred = self._pred.get((pv.name, t.step))
+        remaining = max(0.0, pred.gen_s - (view.now_s - t.start_s)) if pred else 0.0
+        extra = remaining * max(0.0, after / before - 1.0) + prefill
+        gain = max((self._compute_gain(view, other, freed / n, shared)
+                    for other in view.pipelines if other.name != pv.name), default=0.0)
+        return gain > extra
+
+    def _compute_gain(self, view: View, pv: PipelineView, alone: float, shared: float) -> float:
+        """Seconds a ready compute stage of ``pv`` saves on freed devices vs shared ones."""
+        ready = [stage for _, stage in pv.ready() if stage in COMPUTE]
+        pred = self._pred.get((pv.name, pv.steps_completed))
+        if not ready or pred is None:
+            return 0.0
+        work = sum(pred.stages_s.get(s, 0.0) for s in COMPUTE)
+        return work / shared - work / alone
+
+    def _apply_migration(self, b: Board, m: Migrate) -> None:
+        idx = b.rank_idx[m.task_id]
+        for r in m.src_ranks:
+            for d in b.ranks[m.task_id][idx.index(r)]:
+                b.dev[d].pop(m.task_id, None)
+        keep = [i for i, r in enumerate(idx) if r not in m.src_ranks]
+        b.ranks[m.task_id] = [b.ranks[m.task_id][i] for i in keep]
+        b.rank_idx[m.task_id] = [idx[i] for i in keep]
