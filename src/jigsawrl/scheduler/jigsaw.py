@@ -98,6 +98,7 @@ class JigsawPolicy(TailMigration):
         self._kv_mem = 0.0
         self._placed = False
         self._resident: dict[str, float] = {}
+        self._tight = False  # memory-tight plan: engines also use the activations' room
         self._state: dict[str, str] = {}  # pipeline -> host | loading | device | unloading
 
     # ------------------------------------------------------------------ entry point
@@ -134,6 +135,7 @@ class JigsawPolicy(TailMigration):
             # Memory-tight (large models): engines may use the activations' room too; a
             # training stage then starts only on devices whose engines have finished.
             self._kv_mem = base / self.max_colocated - weights
+            self._tight = True
         if self._kv_mem < longest:
             raise ConfigError(
                 f"jigsaw: one train state ({max(self._resident.values()) / 1e9:.0f} GB per "
@@ -248,6 +250,8 @@ class JigsawPolicy(TailMigration):
                 groups.append(group)
         live = sum(1 for p in view.pipelines if not p.finished)
         cap = max(1, (len(view.devices) // tp) * self.max_colocated // max(1, live))
+        if self._tight:  # nothing can share a device: give each rollout the whole pool
+            cap = len(view.devices) // tp
         want = min(cap, len(view.devices) // tp)
         if not groups or len(groups) < self.min_rollout_fraction * want:
             return None
