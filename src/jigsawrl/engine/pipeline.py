@@ -68,7 +68,8 @@ class StepData:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-def build_model_and_tokenizer(model: str, seed: int) -> tuple[torch.nn.Module, Any]:
+def build_model_and_tokenizer(model: str, seed: int,
+                              where: str = "pipelines.model") -> tuple[torch.nn.Module, Any]:
     """An ``ENGINE_MODELS`` preset (random init, char tokenizer) or a local HF model folder."""
     from jigsawrl.engine.models import ENGINE_MODELS, build_model, load_local_model
     from jigsawrl.errors import ConfigError
@@ -77,7 +78,7 @@ def build_model_and_tokenizer(model: str, seed: int) -> tuple[torch.nn.Module, A
         return build_model(model, seed=seed)
     if Path(model).is_dir():
         return load_local_model(model)
-    raise ConfigError(f"unknown engine model {model!r}", where="pipelines.model",
+    raise ConfigError(f"unknown engine model {model!r}", where=where,
                       fix=f"use a preset ({', '.join(ENGINE_MODELS)}) or a local model folder")
 
 
@@ -112,7 +113,8 @@ class RealPipeline:
         torch.set_num_threads(tr.threads or os.cpu_count() or 1)
         torch.manual_seed(self.seed)
         self.task = get_task(spec.task, **spec.rollout.task_params)
-        self.model, self.tokenizer = build_model_and_tokenizer(spec.model, self.seed)
+        self.model, self.tokenizer = build_model_and_tokenizer(
+            spec.model, self.seed, where=f"pipeline {spec.name!r}: model")
         self.pool = self.task.make_dataset(POOL_SIZE, self.seed, "train")
         self.eval_set = self.task.make_dataset(tr.eval_size, self.seed, "test")
         ws = WarmStartSpec(model_key=spec.model, task_key=f"{spec.task}{spec.rollout.task_params}",
