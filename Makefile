@@ -16,10 +16,10 @@ $(VENV)/.core: pyproject.toml
 	$(PIP) -e .
 	touch $@
 
-# torch is pinned in the extra and installed in the same pip command (it takes the local CPU
-# wheel; an unpinned torch would pull a multi-GB CUDA build).
+# torch (engine extra) and ray (ray extra) are pinned and installed in one pip command: torch
+# takes the local CPU wheel; an unpinned torch would pull a multi-GB CUDA build.
 $(VENV)/.full: $(VENV)/.core
-	$(PIP) -e '.[engine,dev]'
+	$(PIP) -e '.[engine,dev,ray]'
 	touch $@
 
 demo: $(VENV)/.core

@@ -33,6 +33,27 @@ def _fail(exc: JigsawError) -> typer.Exit:
     return typer.Exit(code=2)
 
 
+def ray_run_command(config: Path, overrides: list[str], out: Path | None,
+                    address: str | None) -> None:
+    """``jigsawrl run --ray``: all pipelines together through the Ray executor."""
+    from jigsawrl.config import load_config
+    from jigsawrl.metrics.report import summary_table
+
+    try:
+        cfg = load_config(config, overrides)
+        from jigsawrl.realrun import run_real
+
+        console = Console()
+        with console.status(f"running {len(cfg.pipelines)} pipelines on Ray under "
+                            f"{cfg.scheduler.name}"):
+            summary, _ = run_real(cfg, address=address, out_dir=out)
+    except JigsawError as exc:
+        raise _fail(exc) from None
+    console.print(summary_table(summary))
+    if out is not None:
+        console.print(f"results in [bold]{out}[/]")
+
+
 def run_command(config: Path, overrides: list[str], out: Path | None, resume: bool) -> None:
     """Load the config, run it with a progress bar, print the result table."""
     from jigsawrl.config import load_config
@@ -129,9 +150,18 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
             out: Annotated[Path | None, typer.Option("--out", help="results folder")] = None,
             resume: Annotated[bool, typer.Option(
                 "--resume", help="continue from the checkpoints under --out")] = False,
+            ray: Annotated[bool, typer.Option(
+                "--ray", help="run all pipelines together on Ray workers under the config's "
+                "scheduler (cluster.accelerator: cpu-worker)")] = False,
+            address: Annotated[str | None, typer.Option(
+                help="with --ray: a running Ray cluster (default: start a local one)")] = None,
             ) -> None:
-        """Run each pipeline of CONFIG for real (GRPO on the local CPU)."""
-        run_command(config, list(set_ or []), out, resume)
+        """Run the pipelines of CONFIG for real: one after another on this CPU, or (``--ray``)
+        multiplexed on a pool of Ray workers by the same scheduler as the simulator."""
+        if ray:
+            ray_run_command(config, list(set_ or []), out, address)
+        else:
+            run_command(config, list(set_ or []), out, resume)
 
     @bench_app.command("trl")
     def trl(model: Annotated[str, typer.Option(help="engine model preset")] = "qwen2-1m",

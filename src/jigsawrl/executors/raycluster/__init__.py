@@ -1,0 +1,10 @@
+"""The Ray executor (DESIGN.md §3): real pipelines on Ray actors, driven by the same scheduler.
+
+The only package of jigsawrl that imports ``ray`` (install the ``ray`` extra). Start with
+:class:`~jigsawrl.executors.raycluster.executor.RayExecutor`; ``jigsawrl.realrun`` wires a
+config to it.
+"""
+
+from jigsawrl.executors.raycluster.executor import RayExecutor, rollout_band
+
+__all__ = ["RayExecutor", "rollout_band"]

@@ -1,0 +1,145 @@
+"""Real multi-pipeline runs: config -> Experiment -> ``Driver(policy, RayExecutor)`` -> summary.
+
+What: :func:`resolve_real` turns a config whose pipelines name *engine* presets (``qwen2-1m``)
+and *real* tasks (``arithmetic``, ``calculator``, ...) into the same
+:class:`~jigsawrl.workload.resolve.Experiment` the simulator runs, using the CPU presets of
+:mod:`jigsawrl.workload.realpresets`; :func:`run_real` runs it with the configured scheduler
+through :class:`~jigsawrl.executors.raycluster.RayExecutor` and summarises the events with the
+metrics code the simulator uses (``executor: "ray"`` in the summary).
+
+Why: DESIGN.md §3 — one scheduler, two executors. ``engine/run.py`` runs pipelines one at a time
+(the solo reference); here several real pipelines share the logical devices under a policy.
+
+Simplification: a real pipeline's ``task``/``sampler`` fields hold a neutral stub
+:class:`~jigsawrl.workload.tasks.TaskSpec` named after the real task. The driver and the
+policies read only ``spec`` and ``model`` (plus the simulator task table, where a real task name
+is absent, so ``jigsaw`` falls back to ``max_response_tokens // 4`` as its length prior); the
+sampler is never sampled, because true lengths come from the engine.
+
+``ray`` and ``torch`` are imported only inside :func:`run_real` (and by ``engine_model_spec``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from jigsawrl.config import ExperimentConfig, PipelineSpec, dump_config
+from jigsawrl.errors import ConfigError
+from jigsawrl.events import Event
+from jigsawrl.metrics.summary import RunInfo, summarize
+from jigsawrl.workload.realpresets import REAL_ACCELERATORS, engine_model_spec
+from jigsawrl.workload.resolve import Experiment, ResolvedPipeline
+from jigsawrl.workload.tasks import RequestSampler, TaskSpec
+
+log = logging.getLogger(__name__)
+
+RewardFn = Callable[[str, Any], float]
+
+
+def stub_task(p: PipelineSpec) -> TaskSpec:
+    """A neutral TaskSpec for a real task (never sampled; see the module docstring)."""
+    return TaskSpec(name=p.task, prompt_mean=32, prompt_std=0, response_median=max(
+        1, p.max_response_tokens // 4), response_sigma=0.0, prompt_difficulty_sigma=0.0,
+        description="stub of a real task: lengths are observed from the engine")
+
+
+def resolve_real(cfg: ExperimentConfig) -> Experiment:
+    """Resolve a real-run config against the CPU presets.
+
+    Raises:
+        ConfigError: an accelerator that is not a CPU preset, an unknown engine model or task,
+            tensor parallelism (the CPU engine has none), or more devices than the cluster has.
+    """
+    from jigsawrl.tasks import list_tasks
+
+    accel = REAL_ACCELERATORS.get(cfg.cluster.accelerator)
+    if accel is None:
+        raise ConfigError(f"{cfg.cluster.accelerator!r} is not a real-run accelerator",
+                          where="cluster.accelerator",
+                          fix=f"use one of {sorted(REAL_ACCELERATORS)} for real runs")
+    pipes = []
+    for i, p in enumerate(cfg.pipelines):
+        where = f"pipelines.{i}"
+        if p.task not in list_tasks():
+            raise ConfigError(f"unknown real task {p.task!r}", where=f"{where}.task",
+                              fix=f"use one of {list_tasks()}")
+        if p.rollout_tp != 1 or p.train_tp != 1:
+            raise ConfigError("the CPU engine has no tensor parallelism", where=where,
+                              fix="set rollout_tp: 1 and train_tp: 1")
+        if (p.num_devices or 0) > cfg.cluster.num_devices:
+            raise ConfigError(f"num_devices={p.num_devices} but the cluster has "
+                              f"{cfg.cluster.num_devices}", where=f"{where}.num_devices")
+        task = stub_task(p)
+        sampler = RequestSampler(task, group_size=p.group_size,
+                                 max_response_tokens=p.max_response_tokens)
+        pipes.append(ResolvedPipeline(i, p, engine_model_spec(p.model), task, sampler))
+    return Experiment(cfg, accel, tuple(pipes))
+
+
+def run_real(cfg: ExperimentConfig, *, policy: str | None = None, address: str | None = None,
+             out_dir: Path | None = None, cache_dir: Path | None = None,
+             threads_per_device: int = 1, reward_fns: Mapping[str, RewardFn] | None = None,
+             strict_rewards: bool = False) -> tuple[dict[str, Any], list[Event]]:
+    """Run ``cfg``'s real pipelines together under one policy on Ray.
+
+    Args:
+        cfg: the experiment (``cluster.accelerator: cpu-worker``, engine presets, real tasks).
+        policy: scheduler name (default ``cfg.scheduler.name``, with its params).
+        address: a running Ray cluster; None starts a local one for the run.
+        out_dir: write the run folder (summary, events, trace, timeline) there.
+        cache_dir: warm-start cache (None: ``$JIGSAWRL_CACHE`` or ``~/.cache/jigsawrl``).
+        threads_per_device: torch threads a full share of one logical device maps to.
+        reward_fns: test hook — pipeline name -> reward function replacing its task's reward.
+        strict_rewards: a reward error fails the pipeline instead of scoring 0 (test hook; the
+            engine's default, kept when False, is to score 0 and log the reason).
+
+    Returns:
+        ``(summary, events)``; the summary adds ``startup_s`` (Ray + actors + warm starts, not
+        part of the makespan), ``wall_s`` and ``scheduler_decision_ms_p99``.
+
+    Raises:
+        ConfigError: see :func:`resolve_real`; also ``verl`` (auto), which needs two runs.
+        jigsawrl.driver.loop.SchedulerStalled: the policy started nothing while nothing ran.
+    """
+    from jigsawrl.costmodel import CostModel, CostParams
+    from jigsawrl.driver.loop import Driver
+    from jigsawrl.executors.raycluster import RayExecutor
+    from jigsawrl.scheduler import get_policy
+
+    t0 = time.monotonic()
+    exp = resolve_real(cfg)
+    name = policy or cfg.scheduler.name
+    pol = get_policy(name, cfg.scheduler.params if name == cfg.scheduler.name else {})
+    if len(getattr(pol, "variants", lambda: [pol])()) > 1:
+        raise ConfigError(f"{name!r} compares several placements, one real run each",
+                          where="scheduler.name", fix="use verl-split or verl-serial")
+    belief = CostModel(exp.accelerator, params=CostParams(
+        devices_per_node=cfg.cluster.accelerators_per_node))
+    executor = RayExecutor(exp, address=address, threads_per_device=threads_per_device,
+                           cache_dir=cache_dir, reward_fns=reward_fns,
+                           strict_rewards=strict_rewards)
+    result = Driver(exp, pol, executor, belief).run()
+    info = RunInfo(name=cfg.name or "real-run", policy=name, seed=cfg.seed,
+                   num_devices=exp.num_devices, accelerator=exp.accelerator.name,
+                   peak_flops_per_device=exp.accelerator.peak_flops,
+                   price_per_device_hour_usd=exp.price_per_hour,
+                   pipelines=tuple(p.spec.name for p in exp.pipelines), executor="ray")
+    summary = summarize(result.events, info)
+    times = sorted(result.decision_times_s)
+    summary["scheduler_decision_ms_p99"] = (
+        1000.0 * times[min(len(times) - 1, int(0.99 * len(times)))] if times else None)
+    summary["startup_s"] = executor.startup_s
+    summary["wall_s"] = time.monotonic() - t0
+    log.info("real run %s under %s: makespan %.1f s, start-up %.1f s, %.0f tokens/s", info.name,
+             name, summary["makespan_s"], executor.startup_s,
+             summary["throughput_tokens_per_s"] or 0.0)
+    if out_dir is not None:
+        from jigsawrl.metrics.rundir import write_run
+
+        write_run(Path(out_dir), events=result.events, summary=summary, info=info,
+                  config_yaml=dump_config(cfg))
+    return summary, result.events

@@ -1,0 +1,90 @@
+"""Presets for *real* runs: a CPU "accelerator" and cost-model entries for the engine's models.
+
+What: the schedulers size work with a :class:`~jigsawrl.costmodel.CostModel`, which reads an
+:class:`AcceleratorSpec` and a :class:`ModelSpec`. The simulator's presets describe GPUs and
+billion-parameter models; a real run on this machine multiplexes ~1M-parameter models on CPU
+workers. This module gives the cost model something truthful to read for such runs:
+
+- :data:`CPU_ACCELERATOR` ("cpu-worker"): one *logical device* = a slice of this machine (by
+  default one core; ``RayExecutor(threads_per_device=...)`` sets how many torch threads a full
+  share maps to).
+- :func:`engine_model_spec`: a :class:`ModelSpec` built from an ``ENGINE_MODELS`` preset.
+
+Why separate from ``workload/accelerators.py`` and ``workload/models.py``: those tables hold
+datasheet numbers for the simulator (``jigsawrl list``); these are rough, local, and meant to be
+replaced by measured numbers (``jigsawrl profile``), so they are kept apart and labelled.
+
+Importing this module does not import torch: ``ENGINE_MODELS`` is read lazily.
+"""
+
+from __future__ import annotations
+
+from jigsawrl.errors import ConfigError
+from jigsawrl.workload.accelerators import GB, AcceleratorSpec
+from jigsawrl.workload.models import ModelSpec
+
+# The character tokenizer of jigsawrl.engine.tokenizer has ~100 tokens; ENGINE_MODELS' sizes are
+# quoted for it (models.py: "the size is for the 100-token char vocabulary").
+CHAR_VOCAB_SIZE = 100
+
+CPU_ACCELERATOR = AcceleratorSpec(
+    name="cpu-worker",
+    # ASSUMPTION: one x86 core with AVX-512/AMX runs fp32 matmuls at ~100 GFLOP/s sustained at
+    # best; the ~1M-parameter models reach far less (per-step overhead dominates, cpu-notes.md).
+    # Only ratios between stages matter to the schedulers; replace with `jigsawrl profile`.
+    peak_flops=100e9,
+    # A per-worker memory budget (not a hardware size): 4 GB keeps 2 workers + Ray (~0.6 GB)
+    # well inside the 23 GiB of a CI machine; a 1M model's rollout peaks at ~0.5 GB RSS.
+    hbm_bytes=4 * GB,
+    # ASSUMPTION: ~20 GB/s of DRAM bandwidth per core (a share of a server socket's ~100 GB/s).
+    hbm_bytes_per_s=20 * GB,
+    # "Host" and "device" are the same DRAM: a transfer is a memcpy (~10 GB/s, assumption).
+    host_link_bytes_per_s=10 * GB,
+    # Workers on one machine exchange tensors through Ray's object store (shared memory):
+    # cpu-notes.md measured a 40 MB state dict actor->actor in ~140 ms, i.e. ~0.3 GB/s.
+    intra_node_bytes_per_s=0.3 * GB,
+    # ASSUMPTION: 10 GbE between machines.
+    inter_node_bytes_per_s=1.25 * GB,
+    sm_count=1,  # one core per logical device by default (threads_per_device)
+    price_per_hour_usd=0.0,  # a local machine: no price; cost columns read 0
+    source="rough CPU assumptions (see comments in workload/realpresets.py) and "
+    "shared/reference/cpu-notes.md measurements; replace with `jigsawrl profile`",
+)
+
+REAL_ACCELERATORS: dict[str, AcceleratorSpec] = {CPU_ACCELERATOR.name: CPU_ACCELERATOR}
+
+
+def engine_model_spec(preset: str) -> ModelSpec:
+    """The cost-model view of an engine model preset (``jigsawrl.engine.models.ENGINE_MODELS``).
+
+    Args:
+        preset: a key of ``ENGINE_MODELS`` (e.g. ``"qwen2-1m"``).
+
+    Returns:
+        A :class:`ModelSpec` with the preset's layers, widths and heads; ``head_dim`` is
+        ``hidden / heads`` (as ``engine.models.preset_config`` builds it), the vocabulary is the
+        character tokenizer's and ``num_params`` the preset's ``approx_params``.
+
+    Raises:
+        ConfigError: an unknown preset (a local HF folder has no preset; not supported here).
+    """
+    from jigsawrl.engine.models import ENGINE_MODELS  # torch is imported only on use
+
+    if preset not in ENGINE_MODELS:
+        raise ConfigError(f"unknown engine model preset {preset!r}", where="pipelines.model",
+                          fix=f"real multi-pipeline runs use a preset: {sorted(ENGINE_MODELS)}")
+    p = ENGINE_MODELS[preset]
+    return ModelSpec(
+        name=preset, num_layers=p.num_layers, hidden_size=p.hidden_size, num_heads=p.num_heads,
+        num_kv_heads=p.num_kv_heads, head_dim=p.hidden_size // p.num_heads,
+        intermediate_size=p.intermediate_size, vocab_size=CHAR_VOCAB_SIZE,
+        num_params=p.approx_params or _count_params(p),
+        source=f"jigsawrl.engine.models.ENGINE_MODELS[{preset!r}] (random-init CPU preset)")
+
+
+def _count_params(p: object) -> float:
+    """Parameter count of a preset without ``approx_params`` (tied embeddings, no biases)."""
+    h, i, n = p.hidden_size, p.intermediate_size, p.num_layers  # type: ignore[attr-defined]
+    head = h // p.num_heads  # type: ignore[attr-defined]
+    kv = 2 * h * p.num_kv_heads * head  # type: ignore[attr-defined]
+    return float(CHAR_VOCAB_SIZE * h + n * (2 * h * h + kv + 3 * h * i + 2 * h))
