@@ -64,15 +64,12 @@ from jigsawrl.scheduler.base import (
     StartStage,
     task_id,
 )
+from jigsawrl.sim.rollout import decode_band
 from jigsawrl.workload.resolve import Experiment
 
 log = logging.getLogger(__name__)
 
 HOST_NOOPS = frozenset({"offload", "onload"})
-# events.py bands: decode_large >= 1024 tokens per engine iteration, decode_medium [128, 1024).
-LARGE_BAND, MEDIUM_BAND = 1024, 128
-
-
 def rollout_band(num_samples: int, max_num_seqs: int) -> str:
     """The sub-stage name of a whole-rollout span.
 
@@ -81,10 +78,7 @@ def rollout_band(num_samples: int, max_num_seqs: int) -> str:
     (events.py vocabulary) of that width. Prefill and the narrowing tail are folded into it:
     per-iteration bands need engine progress callbacks, which this slice does not have.
     """
-    width = min(num_samples, max_num_seqs)
-    if width >= LARGE_BAND:
-        return "decode_large"
-    return "decode_medium" if width >= MEDIUM_BAND else "decode_small"
+    return decode_band(min(num_samples, max_num_seqs))
 
 
 @dataclass(slots=True, eq=False)
