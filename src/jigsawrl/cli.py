@@ -257,6 +257,48 @@ def bench_decide(
 # ---- bench paper / bench decide ---- end
 
 
+# ---- profile (measure this machine for the cost model) ---- begin
+@app.command("profile")
+@user_errors
+def profile(
+    model: Annotated[str, typer.Option(help="engine model preset")] = "qwen2-1m",
+    threads: Annotated[str, typer.Option(help="torch thread counts (compute shares)")] = "1,2",
+    out_path: Annotated[Path, typer.Option("--out", help="profile YAML")] = Path(
+        "profiles/cpu.yaml"),
+    quick: Annotated[bool, typer.Option(help="smaller grid (~10 s per thread count)")] = False,
+) -> None:
+    """Measure this CPU's sub-stage costs with the real engine; write a cost-model profile."""
+    import statistics
+
+    try:
+        import torch  # noqa: F401  (the measuring half needs the engine extra)
+
+        from jigsawrl.profiling import ProfileSettings, parse_threads, run_profile, write_profile
+    except ImportError as exc:
+        err.print(f"[bold red]error:[/] profiling needs the engine extra ({exc}); "
+                  "install it with: pip install -e '.[engine]'")
+        raise typer.Exit(2) from None
+    counts = parse_threads(threads)
+    settings = (ProfileSettings.quick(model, counts) if quick
+                else ProfileSettings(model=model, threads=counts))
+    t0 = time.perf_counter()
+    doc = run_profile(settings, on_threads=lambda n: err.print(f"measuring at {n} thread(s)"))
+    write_profile(doc, out_path)
+    fitted = doc["fitted"]
+    table = Table(title=f"{doc['source']} ({model}, full share = "
+                  f"{fitted['full_share_threads']} threads)")
+    table.add_column("fitted value")
+    table.add_column("", justify="right")
+    for key, value in {**fitted["accelerator"], **fitted["params"]}.items():
+        table.add_row(key, f"{value:.4g}")
+    errors = [abs(r["rel_error"]) for r in fitted["decode_errors"]]
+    table.caption = (f"decode-iteration prediction error on {len(errors)} measured points: "
+                     f"median {statistics.median(errors):.0%}, max {max(errors):.0%}")
+    out.print(table)
+    out.print(f"profiled in {time.perf_counter() - t0:.1f} s; wrote [bold]{out_path}[/]")
+# ---- profile ---- end
+
+
 def _register_engine() -> None:
     """Add ``run`` and ``bench trl`` when the engine extra (torch) is importable."""
     try:

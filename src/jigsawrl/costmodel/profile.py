@@ -1,0 +1,145 @@
+"""Load a machine profile written by ``jigsawrl profile`` into cost-model inputs.
+
+What: ``jigsawrl profile`` (``jigsawrl.profiling``) times the real engine's sub-stages on this
+CPU and fits the cost model's shape; this module turns the fitted section of that YAML file into
+an :class:`AcceleratorSpec` ("cpu-worker") and a :class:`CostParams`, so that
+``CostModel(accel, params=params)`` predicts this machine instead of the rough assumptions of
+``workload/realpresets.py``.
+
+Why a separate, torch-free module: the simulator and the schedulers load profiles without the
+engine extra (DESIGN.md §4), and every constant must name its source (DESIGN.md §6): the
+accelerator's ``source`` is the profile's ``source`` string.
+
+What a profile sets: ``peak_flops``, ``hbm_bytes_per_s`` and ``host_link_bytes_per_s`` of the
+accelerator; ``prefill_eff``, ``decode_compute_eff``, ``hbm_bw_eff``, ``logprob_eff``,
+``train_eff``, ``iter_overhead_s``, ``iter_overhead_per_seq_s`` and ``weight_sync_overhead_s`` of
+:class:`CostParams`. What it cannot set stays an assumption (:data:`UNPROFILED_PARAMS`): the
+share-to-bandwidth saturation ``s_sat`` (decode on these CPU models is not memory-bound, so the
+timings do not constrain it), the collective latencies and ``comm_overlap`` (one device, no
+collectives), the training micro-batch size, ``devices_per_node``, the reward and host-transfer
+costs and the memory reserve.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from jigsawrl.costmodel.roofline import CostParams
+from jigsawrl.errors import InputError
+from jigsawrl.workload.accelerators import AcceleratorSpec
+from jigsawrl.workload.realpresets import CPU_ACCELERATOR
+
+log = logging.getLogger(__name__)
+
+PROFILE_VERSION = 1
+ACCEL_KEYS: tuple[str, ...] = ("peak_flops", "hbm_bytes_per_s", "host_link_bytes_per_s")
+PARAM_KEYS: tuple[str, ...] = (
+    "prefill_eff", "decode_compute_eff", "hbm_bw_eff", "logprob_eff", "train_eff",
+    "iter_overhead_s", "iter_overhead_per_seq_s", "weight_sync_overhead_s",
+)
+UNPROFILED_PARAMS: tuple[str, ...] = tuple(
+    f.name for f in dataclasses.fields(CostParams) if f.name not in PARAM_KEYS)
+_FIX = "re-run `jigsawrl profile --out <path>` to write a fresh profile"
+
+
+def _number(section: dict[str, Any], key: str, where: str, *, positive: bool) -> float:
+    value = section.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InputError(f"'{key}' must be a finite number, got {value!r}", where=where, fix=_FIX)
+    if value < 0 or (positive and value == 0):
+        raise InputError(f"'{key}' must be {'> 0' if positive else '>= 0'}, got {value}",
+                         where=where, fix=_FIX)
+    return float(value)
+
+
+def _section(doc: dict[str, Any], key: str, where: str) -> dict[str, Any]:
+    value = doc.get(key)
+    if not isinstance(value, dict):
+        raise InputError(f"missing or malformed '{key}' section", where=where, fix=_FIX)
+    return value
+
+
+def cost_inputs(doc: dict[str, Any], where: str = "profile") -> tuple[AcceleratorSpec, CostParams]:
+    """The accelerator and parameters of a parsed profile document (see :func:`load_profile`)."""
+    if not isinstance(doc, dict):
+        raise InputError("a profile is a YAML mapping", where=where, fix=_FIX)
+    if doc.get("version") != PROFILE_VERSION:
+        raise InputError(f"unsupported profile version {doc.get('version')!r} "
+                         f"(expected {PROFILE_VERSION})", where=where, fix=_FIX)
+    source = doc.get("source")
+    if not isinstance(source, str) or not source:
+        raise InputError("missing 'source' string", where=where, fix=_FIX)
+    fitted = _section(doc, "fitted", where)
+    accel_sec = _section(fitted, "accelerator", f"{where}: fitted")
+    param_sec = _section(fitted, "params", f"{where}: fitted")
+    accel_vals = {k: _number(accel_sec, k, f"{where}: fitted.accelerator", positive=True)
+                  for k in ACCEL_KEYS}
+    param_vals = {k: _number(param_sec, k, f"{where}: fitted.params",
+                             positive=k.endswith("_eff")) for k in PARAM_KEYS}
+    try:
+        params = dataclasses.replace(CostParams(), **param_vals)
+    except ValueError as exc:
+        raise InputError(str(exc), where=f"{where}: fitted.params", fix=_FIX) from exc
+    accel = dataclasses.replace(CPU_ACCELERATOR, **accel_vals,
+                                source=f"{source} (measured: {', '.join(ACCEL_KEYS)}); "
+                                f"other fields: {CPU_ACCELERATOR.source}")
+    return accel, params
+
+
+def read_profile(path: str | Path) -> dict[str, Any]:
+    """The raw YAML document of a profile file.
+
+    Raises:
+        InputError: a missing file or one that is not YAML.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InputError("profile file not found", where=str(path),
+                         fix="write one with `jigsawrl profile --out <path>`")
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise InputError(f"not valid YAML: {exc}", where=str(path), fix=_FIX) from exc
+    if not isinstance(doc, dict):
+        raise InputError("a profile is a YAML mapping", where=str(path), fix=_FIX)
+    return doc
+
+
+def load_profile(path: str | Path) -> tuple[AcceleratorSpec, CostParams]:
+    """A "cpu-worker" :class:`AcceleratorSpec` and :class:`CostParams` measured on a machine.
+
+    ``CostModel(accel, params=params)`` then predicts the profiled machine (one full share = the
+    profile's largest thread count). Fields listed in :data:`UNPROFILED_PARAMS` keep their
+    documented :class:`CostParams` defaults.
+
+    Raises:
+        InputError: a missing file, invalid YAML, a wrong version, a missing section or key, or
+            a value that is not a finite number in range.
+    """
+    accel, params = cost_inputs(read_profile(path), where=str(path))
+    log.info("loaded profile %s: peak %.3g FLOP/s, iter overhead %.3g s", path,
+             accel.peak_flops, params.iter_overhead_s)
+    return accel, params
+
+
+def load_slowdown_table(path: str | Path) -> dict[str, dict[float, float]]:
+    """The measured slowdown table (stage -> {compute share: slowdown}) of a profile.
+
+    Raises:
+        InputError: as :func:`load_profile`, or a malformed ``fitted.slowdown`` section.
+    """
+    where = str(path)
+    fitted = _section(read_profile(path), "fitted", where)
+    table = _section(fitted, "slowdown", f"{where}: fitted")
+    try:
+        return {str(stage): {float(s): float(v) for s, v in row.items()}
+                for stage, row in table.items()}
+    except (AttributeError, TypeError, ValueError) as exc:
+        raise InputError(f"malformed slowdown table: {exc}", where=f"{where}: fitted.slowdown",
+                         fix=_FIX) from exc

@@ -1,0 +1,112 @@
+"""load_profile: a profile's fitted section becomes a cpu-worker accelerator and CostParams.
+
+Torch-free: the documents here are written by hand, in the format `jigsawrl profile` writes.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from jigsawrl.costmodel import CostModel, CostParams
+from jigsawrl.costmodel.profile import (
+    PARAM_KEYS,
+    UNPROFILED_PARAMS,
+    load_profile,
+    load_slowdown_table,
+)
+from jigsawrl.errors import InputError
+from jigsawrl.workload.models import ModelSpec
+
+DOC: dict[str, Any] = {
+    "version": 1,
+    "source": "jigsawrl profile 2026-11-30 on Test CPU",
+    "fitted": {
+        "accelerator": {"peak_flops": 5e10, "hbm_bytes_per_s": 1.6e10,
+                        "host_link_bytes_per_s": 8e9},
+        "params": {"prefill_eff": 0.8, "decode_compute_eff": 0.5, "hbm_bw_eff": 1.0,
+                   "logprob_eff": 1.0, "train_eff": 0.75, "iter_overhead_s": 6e-3,
+                   "iter_overhead_per_seq_s": 1e-4, "weight_sync_overhead_s": 4e-3},
+        "slowdown": {"prefill": {0.5: 2.0, 1.0: 1.0}, "decode_small": {0.5: 1.02, 1.0: 1.0}},
+    },
+}
+MODEL = ModelSpec(name="m", num_layers=4, hidden_size=128, num_heads=4, num_kv_heads=2,
+                  head_dim=32, intermediate_size=512, vocab_size=100, num_params=1e6, source="t")
+
+
+def _write(tmp_path: Path, doc: object, text: str | None = None) -> Path:
+    path = tmp_path / "p.yaml"
+    path.write_text(text if text is not None else yaml.safe_dump(doc))
+    return path
+
+
+def test_round_trip_sets_accelerator_and_params(tmp_path: Path) -> None:
+    accel, params = load_profile(_write(tmp_path, DOC))
+    assert accel.name == "cpu-worker"
+    assert accel.peak_flops == 5e10 and accel.hbm_bytes_per_s == 1.6e10
+    assert accel.host_link_bytes_per_s == 8e9
+    assert DOC["source"] in accel.source
+    for key in PARAM_KEYS:
+        assert getattr(params, key) == DOC["fitted"]["params"][key]
+    assert params.s_sat == CostParams().s_sat  # not profiled: the documented assumption
+    cm = CostModel(accel, params=params)
+    # 6 ms + 1e-4 s/seq + (2 P b + A ctx) / (0.5 * 5e10): the profile's decode line.
+    expected = 6e-3 + 1e-4 * 4 + (2e6 * 4 + MODEL.attn_flops_per_token_per_ctx() * 400) / 2.5e10
+    assert cm.decode_iter_time_s(MODEL, 1, 4, 400) == pytest.approx(expected)
+
+
+def test_unprofiled_params_are_the_rest() -> None:
+    assert "s_sat" in UNPROFILED_PARAMS and "comm_overlap" in UNPROFILED_PARAMS
+    assert not set(UNPROFILED_PARAMS) & set(PARAM_KEYS)
+
+
+def test_slowdown_table(tmp_path: Path) -> None:
+    table = load_slowdown_table(_write(tmp_path, DOC))
+    assert table["prefill"] == {0.5: 2.0, 1.0: 1.0}
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="not found") as exc:
+        load_profile(tmp_path / "nope.yaml")
+    assert exc.value.where == str(tmp_path / "nope.yaml") and exc.value.fix
+
+
+def test_invalid_yaml_and_not_a_mapping(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="not valid YAML"):
+        load_profile(_write(tmp_path, None, text="a: [1, 2\n"))
+    with pytest.raises(InputError, match="mapping"):
+        load_profile(_write(tmp_path, [1, 2]))
+
+
+def _broken(path: tuple[str, ...], value: object) -> dict[str, Any]:
+    doc = copy.deepcopy(DOC)
+    node = doc
+    for key in path[:-1]:
+        node = node[key]
+    if value is KeyError:
+        del node[path[-1]]
+    else:
+        node[path[-1]] = value
+    return doc
+
+
+@pytest.mark.parametrize(("path", "value", "match"), [
+    (("version",), 99, "version"),
+    (("source",), KeyError, "source"),
+    (("fitted",), KeyError, "fitted"),
+    (("fitted", "params"), "x", "params"),
+    (("fitted", "accelerator", "peak_flops"), KeyError, "peak_flops"),
+    (("fitted", "accelerator", "peak_flops"), 0, "> 0"),
+    (("fitted", "params", "iter_overhead_s"), -1.0, ">= 0"),
+    (("fitted", "params", "iter_overhead_s"), "fast", "finite number"),
+    (("fitted", "params", "train_eff"), 1.5, "train_eff"),
+])
+def test_malformed_values(tmp_path: Path, path: tuple[str, ...], value: object,
+                          match: str) -> None:
+    with pytest.raises(InputError, match=match) as exc:
+        load_profile(_write(tmp_path, _broken(path, value)))
+    assert str(tmp_path) in (exc.value.where or "") and exc.value.fix

@@ -1,0 +1,174 @@
+"""jigsawrl profile: the fitter recovers known costs, and a quick real profile predicts itself.
+
+The fitting tests build raw timings from known parameters with the cost model's own formulas (no
+torch); the end-to-end test runs ``jigsawrl profile --quick --threads 1`` on this CPU.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from jigsawrl.costmodel import CostModel
+from jigsawrl.costmodel.profile import load_profile, load_slowdown_table
+from jigsawrl.costmodel.roofline import prefill_flops
+from jigsawrl.errors import ConfigError
+from jigsawrl.profiling import (
+    DecodeFit,
+    ProfileSettings,
+    build_profile,
+    fit_decode,
+    nnls,
+    parse_threads,
+    slowdown_table,
+)
+from jigsawrl.workload.models import ModelSpec
+
+MODEL = ModelSpec(name="m", num_layers=4, hidden_size=128, num_heads=4, num_kv_heads=2,
+                  head_dim=32, intermediate_size=512, vocab_size=100, num_params=1e6, source="t")
+TRUE = {"overhead": 5e-3, "per_seq": 1e-4, "decode": 1e10, "prefill": 2e10, "logprob": 3e10,
+        "train": 2.5e10, "bw": 1e10, "sync": 4e-3}
+
+
+def _raw(rng: np.random.Generator | None = None, share: float = 1.0,
+         slow: float = 1.0) -> dict[str, Any]:
+    """Raw medians of one thread count from TRUE, with optional 2% noise.
+
+    Decode follows the cost model's shape at ``share`` (FLOP term / share); every other stage is
+    ``slow`` times slower (those shares are only tabulated, not fitted).
+    """
+    def noisy(t: float, factor: float = slow) -> float:
+        return factor * t * (1.0 + (0.02 * rng.standard_normal() if rng is not None else 0.0))
+
+    p, a = MODEL.num_params, MODEL.attn_flops_per_token_per_ctx()
+    decode, prefill = [], []
+    for length in (16, 192):
+        for b in (1, 4, 16, 64):
+            ctx = b * (length + 8)
+            flops = (2 * p * b + a * ctx) / share
+            t = TRUE["overhead"] + TRUE["per_seq"] * b + flops / TRUE["decode"]
+            decode.append({"batch": b, "ctx_tokens": ctx, "time_s": noisy(t, 1.0)})
+            f = prefill_flops(MODEL, b * length, 0, b)
+            t = TRUE["overhead"] + TRUE["per_seq"] * b + f / TRUE["prefill"]
+            prefill.append({"tokens": b * length, "seqs": b, "time_s": noisy(t)})
+    tok, nbytes = 2048, 64 * 2**20
+    return {
+        "decode": decode, "prefill": prefill,
+        "logprob": {"tokens": tok, "time_s": noisy(2 * p * tok / TRUE["logprob"])},
+        "train": {"tokens": tok, "time_s": noisy(6 * p * tok / TRUE["train"] + 30 * p / TRUE["bw"])},
+        "weight_sync": {"time_s": noisy(2 * MODEL.weight_bytes() / TRUE["bw"] + TRUE["sync"])},
+        "memcpy": {"bytes": nbytes, "time_s": 2 * nbytes / TRUE["bw"]},
+    }
+
+
+def _profile(rng: np.random.Generator | None = None) -> dict[str, Any]:
+    raw = {1: _raw(rng, share=0.5, slow=1.8), 2: _raw(rng)}
+    return build_profile(MODEL, ProfileSettings(model="m"), raw, {"cpu": "Test CPU"})
+
+
+def test_nnls_matches_lstsq_and_clamps() -> None:
+    a = np.array([[1.0, 0.0], [1.0, 1.0], [1.0, 2.0]])
+    assert nnls(a, np.array([1.0, 3.0, 5.0])) == pytest.approx([1.0, 2.0])
+    assert nnls(a, np.array([5.0, 3.0, 1.0])) == pytest.approx([3.0, 0.0])  # slope would be < 0
+
+
+def test_fit_decode_recovers_exact_line() -> None:
+    fit = fit_decode(MODEL, _raw()["decode"])
+    assert fit.overhead_s == pytest.approx(TRUE["overhead"], rel=1e-6)
+    assert fit.per_seq_s == pytest.approx(TRUE["per_seq"], rel=1e-6)
+    assert 1.0 / fit.s_per_flop == pytest.approx(TRUE["decode"], rel=1e-6)
+    with pytest.raises(ValueError):
+        fit_decode(MODEL, _raw()["decode"][:2])
+
+
+def test_fit_params_recovers_known_costs() -> None:
+    fitted = _profile()["fitted"]
+    acc, par = fitted["accelerator"], fitted["params"]
+    peak = max(TRUE[k] for k in ("decode", "prefill", "logprob", "train"))
+    assert acc["peak_flops"] == pytest.approx(peak)
+    assert acc["hbm_bytes_per_s"] == pytest.approx(TRUE["bw"])
+    for stage in ("decode", "prefill", "logprob", "train"):
+        key = "decode_compute_eff" if stage == "decode" else f"{stage}_eff"
+        assert par[key] == pytest.approx(TRUE[stage] / peak, rel=1e-6), key
+    assert par["iter_overhead_s"] == pytest.approx(TRUE["overhead"])
+    assert par["weight_sync_overhead_s"] == pytest.approx(TRUE["sync"])
+    assert fitted["slowdown"]["actor_update"] == {0.5: pytest.approx(1.8), 1.0: 1.0}
+    assert max(abs(r["rel_error"]) for r in fitted["decode_errors"]) < 1e-6  # both shares
+
+
+def test_fit_is_robust_to_noise() -> None:
+    fitted = _profile(np.random.default_rng(3))["fitted"]
+    par = fitted["params"]
+    assert par["iter_overhead_s"] == pytest.approx(TRUE["overhead"], rel=0.1)
+    peak = fitted["accelerator"]["peak_flops"]
+    assert peak * par["prefill_eff"] == pytest.approx(TRUE["prefill"], rel=0.1)
+    assert max(abs(r["rel_error"]) for r in fitted["decode_errors"]) < 0.08
+
+
+def test_profile_round_trips_through_load_profile(tmp_path: Path) -> None:
+    from jigsawrl.profiling import write_profile
+
+    doc = _profile()
+    path = write_profile(doc, tmp_path / "sub" / "cpu.yaml")
+    accel, params = load_profile(path)
+    cm = CostModel(accel, params=params)
+    q = doc["raw"]["2"]["decode"][-1]
+    assert cm.decode_iter_time_s(MODEL, 1, q["batch"], q["ctx_tokens"]) == pytest.approx(
+        q["time_s"])
+    assert load_slowdown_table(path)["prefill"][1.0] == 1.0
+    assert doc["source"].startswith("jigsawrl profile ") and doc["source"].endswith("Test CPU")
+
+
+def test_slowdown_table_single_thread_count() -> None:
+    assert slowdown_table({1: _raw()})["decode_large"] == {1.0: 1.0}
+
+
+def test_parse_threads() -> None:
+    assert parse_threads("2, 1,2") == (1, 2)
+    for bad in ("", "0", "a,1"):
+        with pytest.raises(ConfigError):
+            parse_threads(bad)
+
+
+def test_decode_fit_dataclass_is_plain() -> None:
+    assert DecodeFit(1.0, 2.0, 3.0).per_seq_s == 2.0
+
+
+@pytest.mark.torch
+def test_quick_profile_end_to_end(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from typer.testing import CliRunner
+
+    from jigsawrl.cli import app
+    from jigsawrl.costmodel.profile import read_profile
+    from jigsawrl.workload.realpresets import engine_model_spec
+
+    out = tmp_path / "cpu.yaml"
+    res = CliRunner().invoke(app, ["profile", "--quick", "--threads", "1", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    accel, params = load_profile(out)
+    assert accel.name == "cpu-worker" and "jigsawrl profile" in accel.source
+    cm = CostModel(accel, params=params)
+    spec = engine_model_spec("qwen2-1m")
+    errors = []
+    for q in read_profile(out)["raw"]["1"]["decode"]:
+        pred = cm.decode_iter_time_s(spec, 1, int(q["batch"]), int(q["ctx_tokens"]))
+        errors.append(pred / q["time_s"] - 1.0)
+    print("decode prediction errors:", [f"{e:+.1%}" for e in errors])
+    assert max(abs(e) for e in errors) < 0.30, errors
+    assert statistics.median(abs(e) for e in errors) < 0.15
+
+
+@pytest.mark.torch
+def test_cli_rejects_bad_threads(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from typer.testing import CliRunner
+
+    from jigsawrl.cli import app
+
+    res = CliRunner().invoke(app, ["profile", "--threads", "0", "--out", str(tmp_path / "p")])
+    assert res.exit_code == 2
