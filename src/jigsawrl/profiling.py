@@ -36,7 +36,6 @@ import copy
 import datetime as dt
 import logging
 import os
-import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -305,20 +304,13 @@ def _plain(value: Any) -> Any:
 
 
 def machine_info() -> dict[str, Any]:
-    """Platform, CPU model, usable cores, Python and torch versions."""
+    """The bench report's machine facts, plus the torch version and the load average (profiles
+    taken on a busy machine read slower)."""
     import torch
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"platform": platform.platform(), "cpu": cpu, "cores": cores,
-            "python": platform.python_version(), "torch": str(torch.__version__),
+    from jigsawrl.benchpaper import machine_info as base_info
+
+    return {**base_info(), "torch": str(torch.__version__),
             "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
 
 
