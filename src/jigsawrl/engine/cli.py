@@ -1,4 +1,4 @@
-"""CLI commands of the real engine: ``jigsawrl run CONFIG`` and ``jigsawrl bench trl``.
+"""CLI commands of the real engine: ``jigsawrl run CONFIG [--ray]``, ``jigsawrl bench trl|real``.
 
 What: :func:`register` adds the commands to the main Typer app (the lead wires it in
 ``jigsawrl/cli.py``), so the main CLI imports torch only when one of these commands runs. This is
@@ -10,6 +10,12 @@ Example::
 
     jigsawrl run configs/real/arithmetic.yaml --out runs/arith --set pipelines.0.steps=50
     jigsawrl bench trl --task arithmetic --steps 10
+    jigsawrl run configs/real/demo.yaml --ray --out runs/demo   # progress, measured vs predicted
+    jigsawrl bench real --quick --out /tmp/benchreal           # policies on real pipelines
+
+``run --ray`` ends with the simulator's prediction of the run beside the measurement
+(:mod:`jigsawrl.calibrate`, with ``--profile`` or ``profiles/cpu.yaml`` when present) and writes
+``reward_curves.png`` next to the run's ``timeline.png``.
 """
 
 from __future__ import annotations
@@ -34,24 +40,85 @@ def _fail(exc: JigsawError) -> typer.Exit:
 
 
 def ray_run_command(config: Path, overrides: list[str], out: Path | None,
-                    address: str | None) -> None:
-    """``jigsawrl run --ray``: all pipelines together through the Ray executor."""
+                    address: str | None, resume: bool = False,
+                    profile: Path | None = None) -> None:
+    """``jigsawrl run --ray``: all pipelines together through the Ray executor, with a progress
+    bar, then measured beside predicted (calibrate.py), the timeline and the reward curves."""
     from jigsawrl.config import load_config
-    from jigsawrl.metrics.report import summary_table
 
+    console = Console()
     try:
         cfg = load_config(config, overrides)
+        if profile is not None:
+            from jigsawrl.costmodel.profile import load_profile
+
+            load_profile(profile)  # a bad profile fails now, not after the run
         from jigsawrl.realrun import run_real
 
-        console = Console()
-        with console.status(f"running {len(cfg.pipelines)} pipelines on Ray under "
-                            f"{cfg.scheduler.name}"):
-            summary, _ = run_real(cfg, address=address, out_dir=out)
+        total = sum(p.steps for p in cfg.pipelines)
+        with Progress(TextColumn("{task.description}"), BarColumn(),
+                      TextColumn("{task.completed}/{task.total} steps"), TimeElapsedColumn(),
+                      console=console) as progress:
+            bar = progress.add_task(f"{len(cfg.pipelines)} pipelines on Ray under "
+                                    f"{cfg.scheduler.name} (start-up, then steps)", total=total)
+            kwargs = _optional_kwargs(run_real, on_progress=lambda done, n: progress.update(
+                bar, completed=done, total=n), resume=resume)
+            summary, events = run_real(cfg, address=address, out_dir=out, **kwargs)
+        cal = _predict(cfg, events, summary, profile, out)
     except JigsawError as exc:
         raise _fail(exc) from None
-    console.print(summary_table(summary))
+    _print_ray_result(console, summary, cal, out)
+
+
+def _optional_kwargs(fn: Any, **kwargs: Any) -> dict[str, Any]:
+    """The keyword arguments ``fn`` accepts (``run_real`` gains ``on_progress`` / ``resume``);
+    a requested but unsupported ``resume`` is an error, not silently dropped."""
+    import inspect
+
+    params = inspect.signature(fn).parameters
+    if kwargs.get("resume") and "resume" not in params:
+        raise JigsawError("--resume with --ray is not supported by this version of run_real",
+                          where="--resume", fix="run without --resume")
+    return {k: v for k, v in kwargs.items() if k in params}
+
+
+def _predict(cfg: Any, events: list[Any], summary: dict[str, Any], profile: Path | None,
+             out: Path | None) -> Any:
+    """The simulator's prediction of the finished run (None, logged, when it cannot be made)."""
+    import logging
+
+    from jigsawrl.benchreal import DEFAULT_PROFILE
+    from jigsawrl.calibrate import calibrate
+
+    if profile is None and DEFAULT_PROFILE.is_file():
+        profile = DEFAULT_PROFILE
+    try:
+        cal = calibrate(cfg, events, summary["policy"], profile=profile, measured=summary)
+    except JigsawError as exc:
+        logging.getLogger(__name__).warning("no prediction: %s", exc)
+        return None
     if out is not None:
-        console.print(f"results in [bold]{out}[/]")
+        (out / "calibration.json").write_text(json.dumps(cal.to_json(), indent=1))
+    return cal
+
+
+def _print_ray_result(console: Console, summary: dict[str, Any], cal: Any,
+                      out: Path | None) -> None:
+    from jigsawrl.metrics.report import summary_table
+    from jigsawrl.realreport import error_note, plot_reward_curves, run_table
+
+    console.print(summary_table(summary))
+    console.print(run_table(summary, cal))
+    console.print(error_note(cal) + ("" if cal is None else f" (cost model: {cal.cost_source})"),
+                  highlight=False)
+    if out is None:
+        return
+    curves = plot_reward_curves(out / "reward_curves.png", summary)
+    console.print(f"timeline: [bold]{out / 'timeline.png'}[/]")
+    console.print("reward curves: " + (f"[bold]{curves}[/]" if curves else
+                                        "none (this run_real reports no per-step metrics)"))
+    console.print(f"results in [bold]{out}[/] (summary.json, events.jsonl, trace.json"
+                  f"{', calibration.json' if cal is not None else ''})")
 
 
 def run_command(config: Path, overrides: list[str], out: Path | None, resume: bool) -> None:
@@ -140,8 +207,40 @@ def bench_trl_command(spec_kwargs: dict[str, Any], out: Path | None) -> None:
         console.print(f"wrote {out / 'bench_trl.json'}")
 
 
+def bench_real_command(spec_kwargs: dict[str, Any]) -> None:
+    """``jigsawrl bench real``: one real run per policy, printed with the predictions."""
+    from jigsawrl.benchreal import BenchRealSpec, run_bench_real
+    from jigsawrl.realreport import bench_notes, bench_pipeline_table, bench_table
+
+    console = Console()
+    spec = BenchRealSpec(**spec_kwargs)
+    with console.status("bench real: one real run per policy (each starts Ray and its "
+                        "pipelines) ...") as status:
+        def on_run(policy: str, summary: dict[str, Any] | None, why: str | None) -> None:
+            if summary is None:
+                console.print(f"[yellow]{policy} skipped[/yellow]: {(why or '').splitlines()[0]}",
+                              highlight=False)
+            else:
+                console.print(f"{policy}: {summary['throughput_tokens_per_s']:,.0f} tokens/s, "
+                              f"makespan {summary['makespan_s']:.1f} s (start-up "
+                              f"{summary.get('startup_s') or 0:.0f} s)", highlight=False)
+            status.update(f"bench real: {policy} done ...")
+
+        try:
+            result = run_bench_real(spec, on_run=on_run)
+        except JigsawError as exc:
+            raise _fail(exc) from None
+    console.print(bench_table(result))
+    console.print(bench_pipeline_table(result))
+    for line in bench_notes(result):
+        console.print(f"- {line}", highlight=False)
+    console.print(f"bench wall time {result.wall_s:.0f} s (Ray start-ups included)")
+    if spec.out_dir is not None:
+        console.print(f"wrote [bold]{spec.out_dir / 'compare.json'}[/] and a run folder per policy")
+
+
 def register(app: typer.Typer, bench_app: typer.Typer) -> None:
-    """Add ``run`` to ``app`` and ``trl`` to ``bench_app``."""
+    """Add ``run`` to ``app`` and ``trl`` and ``real`` to ``bench_app``."""
 
     @app.command("run")
     def run(config: Annotated[Path, typer.Argument(help="experiment YAML (configs/real/*.yaml)")],
@@ -155,11 +254,14 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
                 "scheduler (cluster.accelerator: cpu-worker)")] = False,
             address: Annotated[str | None, typer.Option(
                 help="with --ray: a running Ray cluster (default: start a local one)")] = None,
+            profile: Annotated[Path | None, typer.Option(
+                help="with --ray: machine profile for the prediction (default: "
+                "profiles/cpu.yaml if present)")] = None,
             ) -> None:
         """Run the pipelines of CONFIG for real: one after another on this CPU, or (``--ray``)
         multiplexed on a pool of Ray workers by the same scheduler as the simulator."""
         if ray:
-            ray_run_command(config, list(set_ or []), out, address)
+            ray_run_command(config, list(set_ or []), out, address, resume, profile)
         else:
             run_command(config, list(set_ or []), out, resume)
 
@@ -182,3 +284,27 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
                                top_p=top_p, lr=lr, warmup_steps=warmup_steps, seed=seed,
                                threads=threads,
                                recompute_old_logprobs=recompute_old_logprobs), out)
+
+    @bench_app.command("real")
+    def real(config: Annotated[Path, typer.Option(help="real multi-pipeline config")] = Path(
+                 "configs/real/bench.yaml"),
+             quick: Annotated[bool, typer.Option(
+                 help="3 steps per pipeline (~3 min on 2 cores, start-ups included)")] = False,
+             policies: Annotated[str, typer.Option(
+                 help="comma-separated; verl is derived from verl-split and verl-serial")] = (
+                 "verl-serial,verl-split,greedy,jigsaw"),
+             profile: Annotated[Path | None, typer.Option(
+                 help="machine profile for the predictions (default: profiles/cpu.yaml if "
+                 "present, else the built-in preset)")] = None,
+             set_: Annotated[list[str] | None, typer.Option(
+                 "--set", help="override, e.g. pipelines.0.steps=5")] = None,
+             out: Annotated[Path | None, typer.Option(
+                 "--out", help="write compare.json and a run folder per policy here")] = None,
+             threads_per_device: Annotated[int, typer.Option(min=1)] = 1,
+             ) -> None:
+        """Real pipelines under jigsaw, verl (split and serial) and greedy: measured throughput,
+        latency vs alone and busy fraction, with the simulator's prediction beside each."""
+        names = tuple(p.strip() for p in policies.split(",") if p.strip())
+        bench_real_command(dict(config=config, quick=quick, policies=names, profile=profile,
+                                overrides=tuple(set_ or []), out_dir=out,
+                                threads_per_device=threads_per_device))

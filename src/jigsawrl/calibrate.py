@@ -1,0 +1,374 @@
+"""Calibration: the simulator's prediction of a finished real run, side by side with it.
+
+What: given a real-run config, the events of a finished real run (``realrun.run_real``), the
+policy it ran under and a machine profile (``jigsawrl profile``; None = the built-in, unmeasured
+``cpu-worker`` preset), :func:`calibrate` builds a *simulated* experiment that replays the real
+run's workload — each step's observed per-sample prompt length, response length and turns
+(trace-driven: the simulator sees exactly what the real run saw, never a sampled workload) — and
+simulates it with the profile's cost model, noise off, under the same policy. It returns the
+predicted step latency and throughput per pipeline and the makespan and throughput of the pool,
+beside the measured ones, with their relative errors.
+
+Why: ROADMAP item 5 — a simulator is only worth its ratios if, given the same workload and a
+measured cost model, it predicts a real run. The aim is 10%; :attr:`Calibration.within_target`
+says whether a run met it, and nothing here is tuned to make it so (DESIGN.md §6): every cost
+constant comes from the profile or is the documented default of
+:class:`~jigsawrl.costmodel.CostParams`.
+
+How the replay is built (simplifications, said here as DESIGN.md asks):
+
+- A :class:`~jigsawrl.events.SampleFinished` carries the prompt tokens, the response tokens
+  (model tokens *and* tool-result tokens, as the engine's ``response_ids``) and the number of
+  assistant turns, not the split between generated and tool-result tokens. Each tool call is
+  given the mean tool-result length of the task's own demo responses (:func:`tool_result_tokens`;
+  a workload property read from the task code, not a fitted constant); the rest of the response is
+  split evenly over the turns as generated tokens. An event that carries a ``generated_tokens``
+  attribute is split exactly instead.
+- Tool latency per call is the config's ``rollout.tool_latency_s`` plus the task's own
+  ``tool_latency_s`` (its mean; the task's jitter is symmetric).
+- The scheduler in the simulated run gets the same *belief* cost model as ``run_real`` gives it
+  (the built-in preset), so it takes the decisions it would take on the real pool; only the
+  simulator's *truth* uses the profile.
+- Ray start-up and warm starts are not part of the real makespan (``run_real`` excludes them), so
+  they are not predicted.
+
+No torch or ray at module level: ``resolve_real`` imports torch only to read the model presets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jigsawrl.config import ExperimentConfig, PipelineSpec
+from jigsawrl.costmodel import CostModel, CostParams
+from jigsawrl.errors import InputError
+from jigsawrl.events import Event, SampleFinished
+from jigsawrl.metrics.summary import RunInfo, summarize
+from jigsawrl.workload.requests import RequestTruth, TurnTruth
+from jigsawrl.workload.resolve import Experiment
+
+log = logging.getLogger(__name__)
+
+# The ROADMAP's aim for a prediction (relative error of step time and throughput).
+TARGET_REL_ERROR = 0.10
+# Demo responses read per task to measure its mean tool-result length.
+_DEMOS = 64
+
+StepRequests = dict[int, list[RequestTruth]]
+
+
+# --------------------------------------------------------------------------- the replayed workload
+
+def tool_result_tokens(spec: PipelineSpec, demos: int = _DEMOS) -> float:
+    """Mean tokens one tool call inserts for ``spec``'s task (0 for a single-turn task).
+
+    Measured on the task's own demo responses (``Example.demo``, split by
+    :func:`jigsawrl.tasks.segments`): one character is one token for the engine's tokenizer.
+    """
+    from jigsawrl.tasks import get_task, segments
+
+    task = get_task(spec.task, **spec.rollout.task_params)
+    if not getattr(task, "multi_turn", False):
+        return 0.0
+    sizes = [len(text) for ex in task.make_dataset(demos, seed=0)
+             for text, generated in segments(task, ex.demo) if not generated]
+    return float(np.mean(sizes)) if sizes else 0.0
+
+
+def tool_latency_s(spec: PipelineSpec) -> float:
+    """Latency of one tool call: the config's extra latency plus the task's own."""
+    own = spec.rollout.task_params.get("tool_latency_s", 0.0)
+    return float(spec.rollout.tool_latency_s) + float(own or 0.0)
+
+
+def _sample_key(sample_id: str) -> tuple[int, int, str]:
+    """Order samples as the engine numbered them (``{pipeline}/{step}/{prompt}/{sample}``)."""
+    parts = sample_id.rsplit("/", 2)
+    try:
+        return int(parts[-2]), int(parts[-1]), ""
+    except (ValueError, IndexError):
+        return 1 << 30, 0, sample_id
+
+
+def replay_request(ev: SampleFinished, tool_tokens: float, latency_s: float) -> RequestTruth:
+    """The :class:`RequestTruth` that reproduces one finished sample (see the module docstring).
+
+    The request's ``prompt_tokens``, ``response_tokens`` (generated + tool results) and number
+    of turns equal the sample's; tool results are capped so each turn generates >= 1 token.
+    """
+    turns = max(1, int(ev.turns))
+    total = max(turns, int(ev.response_tokens))
+    generated = getattr(ev, "generated_tokens", None)
+    if generated is None:
+        per_call = int(round(tool_tokens))
+        tool_total = min((turns - 1) * per_call, total - turns)
+        generated = total - tool_total
+    generated = min(total, max(turns, int(generated)))
+    results = _spread(total - generated, turns - 1)
+    gens = _spread(generated, turns)
+    return RequestTruth(ev.sample_id, max(1, int(ev.prompt_tokens)), tuple(
+        TurnTruth(gens[i], latency_s, results[i]) if i < turns - 1 else TurnTruth(gens[i])
+        for i in range(turns)))
+
+
+def _spread(total: int, parts: int) -> list[int]:
+    """``total`` split into ``parts`` integers that differ by at most one (earlier ones larger)."""
+    if parts <= 0:
+        return []
+    base, extra = divmod(total, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+def observed_requests(events: Iterable[Event], cfg: ExperimentConfig, *,
+                      tool_tokens: Mapping[str, float] | None = None) -> dict[str, StepRequests]:
+    """Per pipeline and step, the requests that reproduce a real run's finished samples.
+
+    Args:
+        events: the real run's events (only ``SampleFinished`` is read).
+        cfg: its config (tool latency, task of each pipeline).
+        tool_tokens: pipeline -> tokens per tool result (default: :func:`tool_result_tokens`).
+
+    Raises:
+        InputError: an event names a pipeline the config does not have.
+    """
+    specs = {p.name: p for p in cfg.pipelines}
+    per: dict[str, dict[int, list[SampleFinished]]] = defaultdict(lambda: defaultdict(list))
+    for e in events:
+        if isinstance(e, SampleFinished):
+            if e.pipeline not in specs:
+                raise InputError(f"the run's events name pipeline {e.pipeline!r}, which the "
+                                 "config does not have", where="events",
+                                 fix="calibrate a run with the config that produced it")
+            per[e.pipeline][e.step].append(e)
+    tokens = dict(tool_tokens) if tool_tokens is not None else {}
+    out: dict[str, StepRequests] = {}
+    for name, steps in per.items():
+        spec = specs[name]
+        tt = tokens[name] if name in tokens else tool_result_tokens(spec)
+        lat = tool_latency_s(spec)
+        out[name] = {s: [replay_request(e, tt, lat)
+                         for e in sorted(evs, key=lambda e: _sample_key(e.sample_id))]
+                     for s, evs in steps.items()}
+    return out
+
+
+class ReplaySampler:
+    """A request sampler that returns a step's observed requests (duck-types ``RequestSampler``).
+
+    A step that the real run did not finish (none observed) is an error: the simulator must not
+    invent a workload for it.
+    """
+
+    def __init__(self, pipeline: str, steps: StepRequests) -> None:
+        self.pipeline = pipeline
+        self.steps = steps
+
+    def sample_step(self, rng: np.random.Generator, pipeline: str, step: int,
+                    batch_size: int) -> list[RequestTruth]:
+        del rng, batch_size  # replayed, not sampled
+        if step not in self.steps:
+            raise InputError(f"pipeline {pipeline!r} step {step} has no observed samples",
+                             where="events", fix="calibrate a run whose steps all finished")
+        return list(self.steps[step])
+
+
+def replay_experiment(exp: Experiment, requests: Mapping[str, StepRequests]) -> Experiment:
+    """``exp`` with each pipeline's sampler replaced by a :class:`ReplaySampler`.
+
+    Raises:
+        InputError: a pipeline of ``exp`` has no observed samples at all.
+    """
+    pipes = []
+    for p in exp.pipelines:
+        if p.spec.name not in requests:
+            raise InputError(f"the run finished no sample of pipeline {p.spec.name!r}",
+                             where="events", fix="calibrate a run whose pipelines all ran")
+        pipes.append(dataclasses.replace(p, sampler=ReplaySampler(p.spec.name,
+                                                                  requests[p.spec.name])))
+    return dataclasses.replace(exp, pipelines=tuple(pipes))
+
+
+# --------------------------------------------------------------------------- prediction
+
+@dataclass(frozen=True, slots=True)
+class Compared:
+    """One measured quantity beside its prediction."""
+
+    measured: float | None
+    predicted: float | None
+
+    @property
+    def rel_error(self) -> float | None:
+        """(predicted - measured) / measured; None when either is missing or measured is 0."""
+        if self.measured is None or self.predicted is None or not self.measured:
+            return None
+        return (self.predicted - self.measured) / self.measured
+
+    def to_json(self) -> dict[str, float | None]:
+        return {"measured": self.measured, "predicted": self.predicted,
+                "rel_error": self.rel_error}
+
+
+@dataclass(slots=True)
+class Calibration:
+    """The simulator's prediction of one real run beside the measurement.
+
+    ``pool`` holds ``makespan_s``, ``throughput_tokens_per_s``, ``samples_per_s`` and
+    ``busy_fraction``; ``pipelines`` maps each pipeline to ``step_latency_s`` (mean) and
+    ``tokens_per_s``. ``sim_summary`` / ``sim_events`` are the simulated run's.
+    """
+
+    policy: str
+    cost_source: str
+    pool: dict[str, Compared]
+    pipelines: dict[str, dict[str, Compared]]
+    sim_summary: dict[str, Any]
+    sim_events: list[Event] = field(default_factory=list, repr=False)
+
+    # Quantities the 10% aim applies to (busy fraction is shown, not judged).
+    JUDGED_POOL = ("makespan_s", "throughput_tokens_per_s")
+    JUDGED_PIPELINE = ("step_latency_s", "tokens_per_s")
+
+    @property
+    def max_abs_rel_error(self) -> float | None:
+        errs = [c.rel_error for k, c in self.pool.items() if k in self.JUDGED_POOL]
+        errs += [c.rel_error for p in self.pipelines.values()
+                 for k, c in p.items() if k in self.JUDGED_PIPELINE]
+        vals = [abs(e) for e in errs if e is not None]
+        return max(vals) if vals else None
+
+    @property
+    def within_target(self) -> bool:
+        err = self.max_abs_rel_error
+        return err is not None and err <= TARGET_REL_ERROR
+
+    def to_json(self) -> dict[str, Any]:
+        return {"policy": self.policy, "cost_source": self.cost_source,
+                "target_rel_error": TARGET_REL_ERROR, "within_target": self.within_target,
+                "max_abs_rel_error": self.max_abs_rel_error,
+                "pool": {k: c.to_json() for k, c in self.pool.items()},
+                "pipelines": {p: {k: c.to_json() for k, c in d.items()}
+                              for p, d in self.pipelines.items()}}
+
+
+def truth_cost(exp: Experiment, profile: str | Path | None) -> CostModel:
+    """The simulator's truth for a real run: the profile's cost model (noise off), or the
+    built-in ``cpu-worker`` preset when ``profile`` is None."""
+    per_node = exp.config.cluster.accelerators_per_node
+    if profile is None:
+        return CostModel(exp.accelerator, params=CostParams(devices_per_node=per_node))
+    from jigsawrl.costmodel.profile import load_profile
+
+    accel, params = load_profile(profile)
+    return CostModel(accel, params=dataclasses.replace(params, devices_per_node=per_node))
+
+
+def simulate_replay(exp: Experiment, policy: str, truth: CostModel, *,
+                    params: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], list[Event]]:
+    """Simulate a replayed experiment under ``policy`` with ``truth``; the policy's belief is
+    the built-in preset's cost model, as in ``run_real``.
+
+    Raises:
+        ConfigError: an unknown policy, or one that cannot place this experiment.
+    """
+    from jigsawrl.driver.loop import Driver
+    from jigsawrl.executors.simulated import SimulatedExecutor
+    from jigsawrl.scheduler import get_policy
+
+    cfg = exp.config
+    pol = get_policy(policy, dict(params) if params is not None else (
+        cfg.scheduler.params if policy == cfg.scheduler.name else {}))
+    belief = CostModel(exp.accelerator, params=CostParams(
+        devices_per_node=cfg.cluster.accelerators_per_node))
+    executor = SimulatedExecutor(exp, truth_cost=truth, seed=cfg.seed)
+    result = Driver(exp, pol, executor, belief).run()
+    info = RunInfo(name=f"{cfg.name or 'real-run'} (predicted)", policy=policy, seed=cfg.seed,
+                   num_devices=exp.num_devices, accelerator=truth.accel.name,
+                   peak_flops_per_device=truth.accel.peak_flops,
+                   price_per_device_hour_usd=exp.price_per_hour,
+                   pipelines=tuple(p.spec.name for p in exp.pipelines), executor="simulated")
+    return summarize(result.events, info), result.events
+
+
+def samples_per_s(summary: Mapping[str, Any]) -> float | None:
+    """Finished samples per second of makespan (from a summary's per-pipeline counts)."""
+    span = summary.get("makespan_s") or 0.0
+    n = sum(int(p.get("samples") or 0) for p in summary.get("pipelines", []))
+    return n / span if span > 0 else None
+
+
+def compare_summaries(measured: Mapping[str, Any], predicted: Mapping[str, Any]
+                      ) -> tuple[dict[str, Compared], dict[str, dict[str, Compared]]]:
+    """Pool and per-pipeline :class:`Compared` values of two summaries (``summarize`` shape)."""
+    pool = {k: Compared(_num(measured.get(k)), _num(predicted.get(k)))
+            for k in ("makespan_s", "throughput_tokens_per_s", "busy_fraction")}
+    pool["samples_per_s"] = Compared(samples_per_s(measured), samples_per_s(predicted))
+    pred = {p["name"]: p for p in predicted.get("pipelines", [])}
+    pipes: dict[str, dict[str, Compared]] = {}
+    for p in measured.get("pipelines", []):
+        q = pred.get(p["name"], {})
+        pipes[p["name"]] = {
+            "step_latency_s": Compared(_num(p.get("mean_step_latency_s")),
+                                       _num(q.get("mean_step_latency_s"))),
+            "tokens_per_s": Compared(_num(p.get("tokens_per_s")), _num(q.get("tokens_per_s")))}
+    return pool, pipes
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, int | float) and math.isfinite(v) else None
+
+
+def calibrate(cfg: ExperimentConfig, events: Sequence[Event], policy: str, *,
+              profile: str | Path | None = None, measured: Mapping[str, Any] | None = None,
+              exp: Experiment | None = None,
+              tool_tokens: Mapping[str, float] | None = None) -> Calibration:
+    """Predict a finished real run with the simulator and put it beside the measurement.
+
+    Args:
+        cfg: the real run's config (``cluster.accelerator: cpu-worker``).
+        events: the real run's events.
+        policy: the policy it ran under (its params are ``cfg.scheduler.params`` when the name
+            is ``cfg.scheduler.name``).
+        profile: a ``jigsawrl profile`` YAML; None = the built-in (unmeasured) preset.
+        measured: the real run's summary (default: summarised from ``events``).
+        exp: the resolved experiment (default: ``realrun.resolve_real(cfg)``; tests pass one to
+            stay torch-free).
+        tool_tokens: pipeline -> tokens per tool result (default: :func:`tool_result_tokens`).
+
+    Raises:
+        InputError: an unreadable profile, or events that do not match the config.
+        ConfigError: an invalid config or policy.
+    """
+    if exp is None:
+        from jigsawrl.realrun import resolve_real
+
+        exp = resolve_real(cfg)
+    if measured is None:
+        measured = summarize(events, _real_info(exp, policy))
+    replay = replay_experiment(exp, observed_requests(events, cfg, tool_tokens=tool_tokens))
+    truth = truth_cost(exp, profile)
+    sim_summary, sim_events = simulate_replay(replay, policy, truth)
+    pool, pipes = compare_summaries(measured, sim_summary)
+    cal = Calibration(policy, truth.accel.source, pool, pipes, sim_summary, sim_events)
+    log.info("calibration of %s: max |error| %s (target %.0f%%)", policy,
+             "n/a" if cal.max_abs_rel_error is None else f"{cal.max_abs_rel_error:.1%}",
+             100 * TARGET_REL_ERROR)
+    return cal
+
+
+def _real_info(exp: Experiment, policy: str) -> RunInfo:
+    cfg = exp.config
+    return RunInfo(name=cfg.name or "real-run", policy=policy, seed=cfg.seed,
+                   num_devices=exp.num_devices, accelerator=exp.accelerator.name,
+                   peak_flops_per_device=exp.accelerator.peak_flops,
+                   price_per_device_hour_usd=exp.price_per_hour,
+                   pipelines=tuple(p.spec.name for p in exp.pipelines), executor="ray")

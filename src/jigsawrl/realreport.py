@@ -1,0 +1,208 @@
+"""Tables and plots of real runs beside their predictions (``jigsawrl run --ray``, ``bench real``).
+
+What: rich :class:`~rich.table.Table` builders (the CLI prints them; nothing here prints) for
+
+- one real run: per pipeline, measured and predicted mean step latency and tokens/s
+  (:func:`run_table`, from a :class:`~jigsawrl.calibrate.Calibration`);
+- a bench: per policy, measured throughput, ratio to verl, makespan, busy fraction and latency vs
+  alone, each with the simulator's prediction beside it (:func:`bench_table`), and per pipeline
+  and policy the step latency (:func:`bench_pipeline_table`);
+
+and :func:`plot_reward_curves`, the per-step mean reward of each pipeline of a run
+(``summary["pipeline_metrics"]``) as ``reward_curves.png``.
+
+Why a module of its own: ``metrics/report.py`` renders one summary's shape; these put two runs
+(real and simulated) side by side, and the engine CLI stays short.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich import box
+from rich.table import Table
+
+from jigsawrl.calibrate import TARGET_REL_ERROR, Calibration, Compared, samples_per_s
+
+if TYPE_CHECKING:
+    from jigsawrl.benchreal import BenchRealResult
+
+log = logging.getLogger(__name__)
+
+REWARD_KEY = "critic/score/mean"
+DASH = "–"
+
+
+def _f(v: float | None, spec: str = ",.2f", suffix: str = "") -> str:
+    return DASH if v is None else f"{v:{spec}}{suffix}"
+
+
+def pair(c: Compared | None, spec: str = ",.2f", suffix: str = "") -> str:
+    """``measured (predicted, ±error)`` for one table cell."""
+    if c is None:
+        return DASH
+    err = c.rel_error
+    tail = "" if err is None else f", {err:+.0%}"
+    pred = "" if c.predicted is None else f" ({_f(c.predicted, spec, suffix)}{tail})"
+    return f"{_f(c.measured, spec, suffix)}{pred}"
+
+
+def error_note(cal: Calibration | None) -> str:
+    """One line on how far the prediction is from the measurement, against the 10% aim."""
+    if cal is None:
+        return "no prediction"
+    err = cal.max_abs_rel_error
+    if err is None:
+        return "prediction: nothing to compare"
+    verdict = "within" if cal.within_target else "MISSES"
+    return (f"prediction: largest error {err:.0%} on step latency / throughput — {verdict} "
+            f"the {TARGET_REL_ERROR:.0%} aim")
+
+
+def run_table(summary: Mapping[str, Any], cal: Calibration | None) -> Table:
+    """One real run, per pipeline: measured (predicted) step latency, tokens/s and steps."""
+    title = (f"{summary.get('name')} under {summary.get('policy')}: makespan "
+             f"{pair(cal.pool['makespan_s'] if cal else _only(summary, 'makespan_s'), '.1f')} s")
+    table = Table(title=title, caption="measured (predicted by the simulator, error)",
+                  box=box.SIMPLE_HEAD)
+    for col in ("pipeline", "steps", "s/step", "tokens/s", "reward first → last"):
+        table.add_column(col, justify="left" if col == "pipeline" else "right")
+    curves = reward_curves(summary)
+    for p in summary.get("pipelines", []):
+        c = cal.pipelines.get(p["name"], {}) if cal else {}
+        curve = curves.get(p["name"], [])
+        table.add_row(p["name"], str(p.get("steps")),
+                      pair(c.get("step_latency_s") or _only(p, "mean_step_latency_s")),
+                      pair(c.get("tokens_per_s") or _only(p, "tokens_per_s"), ",.0f"),
+                      f"{curve[0]:.3f} → {curve[-1]:.3f}" if curve else DASH)
+    pool = cal.pool if cal else {}
+    table.add_row("all", str(summary.get("steps")), DASH,
+                  pair(pool.get("throughput_tokens_per_s")
+                       or _only(summary, "throughput_tokens_per_s"), ",.0f"), DASH,
+                  style="bold")
+    return table
+
+
+def _only(d: Mapping[str, Any], key: str) -> Compared:
+    v = d.get(key)
+    return Compared(float(v) if isinstance(v, int | float) else None, None)
+
+
+def reward_curves(summary: Mapping[str, Any]) -> dict[str, list[float]]:
+    """Pipeline -> mean reward per step, from ``summary["pipeline_metrics"]`` (may be absent)."""
+    out: dict[str, list[float]] = {}
+    for name, rows in (summary.get("pipeline_metrics") or {}).items():
+        pts = sorted((r.get("step", i), r[REWARD_KEY]) for i, r in enumerate(rows)
+                     if isinstance(r, Mapping) and isinstance(r.get(REWARD_KEY), int | float))
+        if pts:
+            out[name] = [v for _, v in pts]
+    return out
+
+
+def plot_reward_curves(path: Path, summary: Mapping[str, Any]) -> Path | None:
+    """Write ``path`` (PNG): mean reward per step, one line per pipeline; None if no metrics."""
+    curves = reward_curves(summary)
+    if not curves:
+        return None
+    from matplotlib.figure import Figure  # matplotlib only when drawing
+
+    fig = Figure(figsize=(6.5, 3.6), dpi=110)
+    ax = fig.add_subplot()
+    for name, ys in curves.items():
+        ax.plot(range(1, len(ys) + 1), ys, marker="o", ms=3, label=name)
+    ax.set_xlabel("step")
+    ax.set_ylabel(f"mean reward ({REWARD_KEY})")
+    ax.set_title(f"{summary.get('name')} under {summary.get('policy')}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    return Path(path)
+
+
+def bench_table(result: BenchRealResult) -> Table:
+    """Two rows per policy: measured, then the simulator's prediction (with its error) of
+    throughput, makespan, busy fraction and latency vs alone; ×verl is measured."""
+    runs = result.summaries
+    base = runs.get(result.compare.baseline, {}).get("throughput_tokens_per_s")
+    table = Table(title=f"bench real: {result.config.name}, {len(result.config.pipelines)} "
+                  f"pipelines on {result.config.cluster.num_devices} CPU devices",
+                  caption="each policy: measured row, then predicted (error vs measured)",
+                  box=box.SIMPLE_HEAD)
+    for col in ("policy", "tokens/s", f"×{result.compare.baseline}", "samples/s",
+                "makespan s", "busy", "×alone"):
+        table.add_column(col, justify="left" if col == "policy" else "right", no_wrap=True)
+    for policy, s in runs.items():
+        tp = s.get("throughput_tokens_per_s")
+        label = f"{policy} = {s['variant']}" if s.get("variant") else policy
+        table.add_row(label, _f(tp, ",.0f"), _f(tp / base if tp and base else None, ".2f", "×"),
+                      _f(samples_per_s(s), ".1f"), _f(s.get("makespan_s"), ".1f"),
+                      _f(s.get("busy_fraction"), ".0%"),
+                      _f(s.get("mean_latency_vs_solo"), ".2f", "×"))
+        cal = result.calibrations.get(s.get("variant") or policy)
+        if cal is None or s.get("variant"):
+            continue
+        pool, pred = cal.pool, s.get("predicted") or {}
+        table.add_row("  predicted", _pred(pool.get("throughput_tokens_per_s"), ",.0f"), "",
+                      _pred(pool.get("samples_per_s"), ".1f"),
+                      _pred(pool.get("makespan_s"), ".1f"),
+                      _pred(pool.get("busy_fraction"), ".0%"),
+                      _f(pred.get("mean_latency_vs_solo"), ".2f", "×"), style="dim")
+    return table
+
+
+def _pred(c: Compared | None, spec: str) -> str:
+    if c is None or c.predicted is None:
+        return DASH
+    err = c.rel_error
+    return _f(c.predicted, spec) + ("" if err is None else f" ({err:+.0%})")
+
+
+def bench_pipeline_table(result: BenchRealResult) -> Table:
+    """Per pipeline and policy: mean step latency measured (predicted) and its ratio to alone."""
+    runs = {p: s for p, s in result.summaries.items() if not s.get("variant")}
+    table = Table(title="mean step latency, s: measured (predicted, error) ×alone",
+                  box=box.SIMPLE_HEAD)
+    table.add_column("pipeline")
+    table.add_column("alone s", justify="right")
+    for policy in runs:
+        table.add_column(policy, justify="right")
+    for p in result.config.pipelines:
+        cells = []
+        for policy, s in runs.items():
+            cal = result.calibrations.get(policy)
+            c = cal.pipelines.get(p.name, {}).get("step_latency_s") if cal else None
+            row = next((q for q in s["pipelines"] if q["name"] == p.name), {})
+            c = c or _only(row, "mean_step_latency_s")
+            cells.append(f"{pair(c)} {_f(row.get('latency_vs_solo'), '.2f', '×')}")
+        table.add_row(p.name, _f(result.alone_s.get(p.name)), *cells)
+    return table
+
+
+def bench_notes(result: BenchRealResult) -> list[str]:
+    """The lines that say how to read the tables and whether the aims were met."""
+    notes = ["alone = each pipeline's mean step latency under verl-serial (each pipeline runs "
+             "alone on the whole pool, one after another); verl = best of verl-split and "
+             "verl-serial by measured tokens/s"]
+    for policy, why in result.compare.skipped.items():
+        notes.append(f"{policy} skipped: {why.splitlines()[0]}")
+    ratio = result.ratio("jigsaw")
+    if ratio is not None:
+        notes.append(f"jigsaw / verl measured tokens/s: {ratio:.2f}× "
+                     f"({'meets' if ratio >= 1.5 else 'below'} the 1.5× aim)")
+    for policy, cal in result.calibrations.items():
+        notes.append(f"{policy}: {error_note(cal)}")
+    notes.append(f"predictions: {_source(result)}")
+    return notes
+
+
+def _source(result: BenchRealResult) -> str:
+    if result.profile is None:
+        return ("built-in cpu-worker preset (no profile: run `jigsawrl profile --threads 1 "
+                "--out profiles/cpu.yaml`)")
+    return f"profile {result.profile}"
+
