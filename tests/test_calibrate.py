@@ -127,7 +127,7 @@ def test_observed_requests_reject_a_pipeline_the_config_lacks() -> None:
 
 def test_replay_sampler_returns_the_step_and_refuses_to_invent_one() -> None:
     steps = truth_workload(1)["count"]
-    s = ReplaySampler("count", steps)
+    s = ReplaySampler("count", [steps[0]])
     assert s.sample_step(None, "count", 0, 99) == steps[0]  # type: ignore[arg-type]
     with pytest.raises(InputError, match="step 1"):
         s.sample_step(None, "count", 1, 2)  # type: ignore[arg-type]
@@ -196,6 +196,19 @@ def test_a_run_missing_a_pipeline_or_step_cannot_be_predicted() -> None:
     only_count = [sample("count", s, 0, 0, 9, 7) for s in range(2)]
     with pytest.raises(InputError, match="'calc'"):
         calibrate(cfg, only_count, "verl-serial", exp=exp, tool_tokens=TOOL_TOKENS)
+
+
+def test_a_pipeline_that_stopped_early_is_replayed_for_its_finished_steps() -> None:
+    cfg = config("verl-serial")
+    exp = experiment(cfg)
+    _, events = simulate_replay(replay_experiment(exp, truth_workload()), "verl-serial",
+                                truth_cost(exp, None))
+    cut = [e for e in events if not (getattr(e, "pipeline", "") == "calc"
+                                     and getattr(e, "step", 0) == 1)]
+    cal = calibrate(cfg, cut, "verl-serial", exp=exp, tool_tokens=TOOL_TOKENS)
+    assert cal.notes == ["calc: the real run finished 1 of 2 steps; the prediction replays those"]
+    steps = {p["name"]: p["steps"] for p in cal.sim_summary["pipelines"]}
+    assert steps == {"count": 2, "calc": 1}
 
 
 def test_compared_rel_error() -> None:

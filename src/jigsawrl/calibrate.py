@@ -51,7 +51,7 @@ import numpy as np
 from jigsawrl.config import ExperimentConfig, PipelineSpec
 from jigsawrl.costmodel import CostModel, CostParams
 from jigsawrl.errors import InputError
-from jigsawrl.events import Event, SampleFinished
+from jigsawrl.events import Event, SampleFinished, StepFinished
 from jigsawrl.metrics.summary import RunInfo, summarize
 from jigsawrl.workload.requests import RequestTruth, TurnTruth
 from jigsawrl.workload.resolve import Experiment
@@ -162,38 +162,69 @@ def observed_requests(events: Iterable[Event], cfg: ExperimentConfig, *,
 
 
 class ReplaySampler:
-    """A request sampler that returns a step's observed requests (duck-types ``RequestSampler``).
+    """A request sampler that returns observed requests (duck-types ``RequestSampler``).
 
-    A step that the real run did not finish (none observed) is an error: the simulator must not
-    invent a workload for it.
+    ``steps[i]`` is the workload of the simulated step ``i`` (the ``i``-th step the real run
+    finished; a resumed run's first step is its ``steps[0]``). A step beyond them is an error:
+    the simulator must not invent a workload.
     """
 
-    def __init__(self, pipeline: str, steps: StepRequests) -> None:
+    def __init__(self, pipeline: str, steps: Sequence[list[RequestTruth]]) -> None:
         self.pipeline = pipeline
-        self.steps = steps
+        self.steps = list(steps)
 
     def sample_step(self, rng: np.random.Generator, pipeline: str, step: int,
                     batch_size: int) -> list[RequestTruth]:
         del rng, batch_size  # replayed, not sampled
-        if step not in self.steps:
+        if not 0 <= step < len(self.steps):
             raise InputError(f"pipeline {pipeline!r} step {step} has no observed samples",
                              where="events", fix="calibrate a run whose steps all finished")
         return list(self.steps[step])
 
 
-def replay_experiment(exp: Experiment, requests: Mapping[str, StepRequests]) -> Experiment:
+def finished_steps(events: Iterable[Event]) -> dict[str, list[int]]:
+    """Pipeline -> the steps it finished (``StepFinished``), sorted."""
+    out: dict[str, set[int]] = defaultdict(set)
+    for e in events:
+        if isinstance(e, StepFinished):
+            out[e.pipeline].add(e.step)
+    return {p: sorted(s) for p, s in out.items()}
+
+
+def replay_experiment(exp: Experiment, requests: Mapping[str, StepRequests],
+                      finished: Mapping[str, Sequence[int]] | None = None,
+                      notes: list[str] | None = None) -> Experiment:
     """``exp`` with each pipeline's sampler replaced by a :class:`ReplaySampler`.
 
+    Args:
+        exp: the resolved experiment of the real run.
+        requests: :func:`observed_requests`.
+        finished: pipeline -> the steps the real run finished (:func:`finished_steps`); a
+            pipeline that finished fewer steps than configured (it failed, or the run stopped)
+            is replayed for those steps only, and a line saying so goes to ``notes``. None:
+            every step with observed samples counts as finished.
+        notes: collects those lines.
+
     Raises:
-        InputError: a pipeline of ``exp`` has no observed samples at all.
+        InputError: a pipeline of ``exp`` finished no step.
     """
     pipes = []
     for p in exp.pipelines:
-        if p.spec.name not in requests:
-            raise InputError(f"the run finished no sample of pipeline {p.spec.name!r}",
-                             where="events", fix="calibrate a run whose pipelines all ran")
-        pipes.append(dataclasses.replace(p, sampler=ReplaySampler(p.spec.name,
-                                                                  requests[p.spec.name])))
+        name = p.spec.name
+        observed = requests.get(name, {})
+        done = [s for s in (finished.get(name, []) if finished is not None else sorted(observed))
+                if s in observed]
+        if not done:
+            raise InputError(f"the run finished no step of pipeline {name!r}", where="events",
+                             fix="calibrate a run whose pipelines all ran")
+        spec = p.spec
+        if len(done) != spec.steps:
+            spec = spec.model_copy(update={"steps": len(done)})
+            if notes is not None:
+                notes.append(f"{name}: the real run finished {len(done)} of {p.spec.steps} "
+                             "steps; the prediction replays those")
+        pipes.append(dataclasses.replace(p, spec=spec, sampler=ReplaySampler(
+            name, [observed[s] for s in done])))
     return dataclasses.replace(exp, pipelines=tuple(pipes))
 
 
@@ -233,6 +264,7 @@ class Calibration:
     pipelines: dict[str, dict[str, Compared]]
     sim_summary: dict[str, Any]
     sim_events: list[Event] = field(default_factory=list, repr=False)
+    notes: list[str] = field(default_factory=list)
 
     # Quantities the 10% aim applies to (busy fraction is shown, not judged).
     JUDGED_POOL = ("makespan_s", "throughput_tokens_per_s")
@@ -257,7 +289,7 @@ class Calibration:
                 "max_abs_rel_error": self.max_abs_rel_error,
                 "pool": {k: c.to_json() for k, c in self.pool.items()},
                 "pipelines": {p: {k: c.to_json() for k, c in d.items()}
-                              for p, d in self.pipelines.items()}}
+                              for p, d in self.pipelines.items()}, "notes": self.notes}
 
 
 def truth_cost(exp: Experiment, profile: str | Path | None) -> CostModel:
@@ -354,11 +386,13 @@ def calibrate(cfg: ExperimentConfig, events: Sequence[Event], policy: str, *,
         exp = resolve_real(cfg)
     if measured is None:
         measured = summarize(events, _real_info(exp, policy))
-    replay = replay_experiment(exp, observed_requests(events, cfg, tool_tokens=tool_tokens))
+    notes: list[str] = []
+    replay = replay_experiment(exp, observed_requests(events, cfg, tool_tokens=tool_tokens),
+                               finished_steps(events) or None, notes)
     truth = truth_cost(exp, profile)
     sim_summary, sim_events = simulate_replay(replay, policy, truth)
     pool, pipes = compare_summaries(measured, sim_summary)
-    cal = Calibration(policy, truth.accel.source, pool, pipes, sim_summary, sim_events)
+    cal = Calibration(policy, truth.accel.source, pool, pipes, sim_summary, sim_events, notes)
     log.info("calibration of %s: max |error| %s (target %.0f%%)", policy,
              "n/a" if cal.max_abs_rel_error is None else f"{cal.max_abs_rel_error:.1%}",
              100 * TARGET_REL_ERROR)

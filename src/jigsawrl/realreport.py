@@ -196,6 +196,7 @@ def bench_notes(result: BenchRealResult) -> list[str]:
                      f"({'meets' if ratio >= 1.5 else 'below'} the 1.5× aim)")
     for policy, cal in result.calibrations.items():
         notes.append(f"{policy}: {error_note(cal)}")
+        notes += [f"{policy}: {line}" for line in cal.notes]
     notes.append(f"predictions: {_source(result)}")
     return notes
 

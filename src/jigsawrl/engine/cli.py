@@ -111,6 +111,8 @@ def _print_ray_result(console: Console, summary: dict[str, Any], cal: Any,
     console.print(run_table(summary, cal))
     console.print(error_note(cal) + ("" if cal is None else f" (cost model: {cal.cost_source})"),
                   highlight=False)
+    for line in cal.notes if cal is not None else []:
+        console.print(f"- {line}", highlight=False)
     if out is None:
         return
     curves = plot_reward_curves(out / "reward_curves.png", summary)
