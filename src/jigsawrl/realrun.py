@@ -80,29 +80,78 @@ def resolve_real(cfg: ExperimentConfig) -> Experiment:
     return Experiment(cfg, accel, tuple(pipes))
 
 
+def checkpoint_offsets(cfg: ExperimentConfig, out_dir: Path | None) -> dict[str, int]:
+    """Steps each pipeline already completed, from its latest checkpoint under
+    ``out_dir/checkpoints/<pipeline>`` (read from ``meta.json``; no torch needed).
+
+    Raises:
+        InputError: no ``out_dir``, or no checkpoint at all under it.
+    """
+    import json
+
+    from jigsawrl.errors import InputError
+
+    if out_dir is None:
+        raise InputError("--resume needs the run folder", where="--out",
+                         fix="pass --out DIR of the run to resume")
+    offsets: dict[str, int] = {}
+    for p in cfg.pipelines:
+        root = Path(out_dir) / CHECKPOINTS / p.name
+        marker = root / "latest"
+        if marker.is_file():
+            meta = root / marker.read_text().strip() / "meta.json"
+            offsets[p.name] = int(json.loads(meta.read_text())["step"])
+    if not offsets:
+        raise InputError(f"no checkpoint under {Path(out_dir) / CHECKPOINTS}", where="--resume",
+                         fix="point --out at the folder of the interrupted run, or drop --resume")
+    return offsets
+
+
+CHECKPOINTS = "checkpoints"
+
+
+def _remaining(cfg: ExperimentConfig, offsets: Mapping[str, int]) -> ExperimentConfig | None:
+    """``cfg`` with each pipeline's steps reduced by its completed steps; finished pipelines
+    are dropped (None when nothing is left)."""
+    left = [p.model_copy(update={"steps": p.steps - offsets.get(p.name, 0)})
+            for p in cfg.pipelines if p.steps - offsets.get(p.name, 0) > 0]
+    return cfg.model_copy(update={"pipelines": left}) if left else None
+
+
 def run_real(cfg: ExperimentConfig, *, policy: str | None = None, address: str | None = None,
              out_dir: Path | None = None, cache_dir: Path | None = None,
              threads_per_device: int = 1, reward_fns: Mapping[str, RewardFn] | None = None,
-             strict_rewards: bool = False) -> tuple[dict[str, Any], list[Event]]:
+             strict_rewards: bool = True, resume: bool = False,
+             on_progress: Callable[[int, int], None] | None = None,
+             executor_hook: Callable[[Any], None] | None = None,
+             ) -> tuple[dict[str, Any], list[Event]]:
     """Run ``cfg``'s real pipelines together under one policy on Ray.
 
     Args:
         cfg: the experiment (``cluster.accelerator: cpu-worker``, engine presets, real tasks).
         policy: scheduler name (default ``cfg.scheduler.name``, with its params).
         address: a running Ray cluster; None starts a local one for the run.
-        out_dir: write the run folder (summary, events, trace, timeline) there.
+        out_dir: write the run folder (summary, events, trace, timeline) and the pipelines'
+            checkpoints (``checkpoints/<pipeline>``, every ``train.checkpoint_every`` steps and
+            at the end) there.
         cache_dir: warm-start cache (None: ``$JIGSAWRL_CACHE`` or ``~/.cache/jigsawrl``).
         threads_per_device: torch threads a full share of one logical device maps to.
         reward_fns: test hook — pipeline name -> reward function replacing its task's reward.
-        strict_rewards: a reward error fails the pipeline instead of scoring 0 (test hook; the
-            engine's default, kept when False, is to score 0 and log the reason).
+        strict_rewards: a reward function that raises stops its pipeline (the default; the
+            others go on). False scores such samples 0 with the reason logged, as verl does.
+        resume: continue every pipeline from its latest checkpoint under ``out_dir``.
+        on_progress: called with ``(steps done, steps total)`` after every finished step.
+        executor_hook: test hook, called with the started executor's instance (fault drills).
 
     Returns:
-        ``(summary, events)``; the summary adds ``startup_s`` (Ray + actors + warm starts, not
-        part of the makespan), ``wall_s`` and ``scheduler_decision_ms_p99``.
+        ``(summary, events)``; the summary adds ``startup_s`` (Ray + workers + warm starts, not
+        part of the makespan), ``wall_s``, ``scheduler_decision_ms_p99``, ``pipeline_metrics``
+        (per pipeline, per step: reward mean, losses), ``memory_moves`` (measured offloads and
+        onloads), ``resumed_from`` and ``replaced_devices``.
 
     Raises:
         ConfigError: see :func:`resolve_real`; also ``verl`` (auto), which needs two runs.
+        InputError: ``resume`` without a checkpoint.
         jigsawrl.driver.loop.SchedulerStalled: the policy started nothing while nothing ran.
     """
     from jigsawrl.costmodel import CostModel, CostParams
@@ -111,6 +160,13 @@ def run_real(cfg: ExperimentConfig, *, policy: str | None = None, address: str |
     from jigsawrl.scheduler import get_policy
 
     t0 = time.monotonic()
+    full_cfg = cfg
+    offsets = checkpoint_offsets(cfg, out_dir) if resume else {}
+    left = _remaining(cfg, offsets)
+    if left is None:
+        raise ConfigError("every pipeline already finished its steps", where="--resume",
+                          fix="raise pipelines.N.steps to train further, or drop --resume")
+    cfg = left
     exp = resolve_real(cfg)
     name = policy or cfg.scheduler.name
     pol = get_policy(name, cfg.scheduler.params if name == cfg.scheduler.name else {})
@@ -121,8 +177,12 @@ def run_real(cfg: ExperimentConfig, *, policy: str | None = None, address: str |
         devices_per_node=cfg.cluster.accelerators_per_node))
     executor = RayExecutor(exp, address=address, threads_per_device=threads_per_device,
                            cache_dir=cache_dir, reward_fns=reward_fns,
-                           strict_rewards=strict_rewards)
-    result = Driver(exp, pol, executor, belief).run()
+                           strict_rewards=strict_rewards,
+                           ckpt_dir=Path(out_dir) / CHECKPOINTS if out_dir else None,
+                           offsets=offsets)
+    if executor_hook is not None:
+        executor_hook(executor)
+    result = Driver(exp, pol, executor, belief, on_progress=on_progress).run()
     info = RunInfo(name=cfg.name or "real-run", policy=name, seed=cfg.seed,
                    num_devices=exp.num_devices, accelerator=exp.accelerator.name,
                    peak_flops_per_device=exp.accelerator.peak_flops,
@@ -134,6 +194,11 @@ def run_real(cfg: ExperimentConfig, *, policy: str | None = None, address: str |
         1000.0 * times[min(len(times) - 1, int(0.99 * len(times)))] if times else None)
     summary["startup_s"] = executor.startup_s
     summary["wall_s"] = time.monotonic() - t0
+    summary["pipeline_metrics"] = executor.pipeline_metrics
+    summary["memory_moves"] = executor.moves
+    summary["resumed_from"] = offsets
+    summary["replaced_devices"] = executor.replaced_devices
+    summary["threads_per_device"] = threads_per_device
     log.info("real run %s under %s: makespan %.1f s, start-up %.1f s, %.0f tokens/s", info.name,
              name, summary["makespan_s"], executor.startup_s,
              summary["throughput_tokens_per_s"] or 0.0)
@@ -141,5 +206,5 @@ def run_real(cfg: ExperimentConfig, *, policy: str | None = None, address: str |
         from jigsawrl.metrics.rundir import write_run
 
         write_run(Path(out_dir), events=result.events, summary=summary, info=info,
-                  config_yaml=dump_config(cfg))
+                  config_yaml=dump_config(full_cfg))
     return summary, result.events

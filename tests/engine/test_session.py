@@ -320,3 +320,26 @@ def test_an_import_the_engine_rejects_stays_exportable(mt) -> None:
         small.run()
     (again,) = small.export()
     assert again.state == item.state and small.done()
+
+
+def test_idle_return_hands_back_tool_waits(mt) -> None:
+    """With ``idle_return`` a session whose requests all wait for tools returns instead of
+    sleeping and says when the first is ready; slices taken that way finish like one run."""
+    model, tok = mt
+    task = CalcTool(latency_s=5.0)
+    clock = FakeClock()
+    s = session(engine(model, tok, step_s=0.01, clock=clock), tok, task, clock)
+    for ex, req in requests(tok):
+        s.add(ex, req)
+    assert s.next_ready_s == 0.0
+    trajs, idle_returns = [], 0
+    while not s.done():
+        trajs += s.run(1.0, idle_return=True)
+        if not s.done() and s.decoding == 0:
+            idle_returns += 1
+            wait = s.next_ready_s
+            assert wait > 0, "returned idle with a request ready to run"
+            clock.now += wait  # the worker served someone else meanwhile
+    assert idle_returns > 0, "no request ever waited for a tool alone"
+    ref = reference(mt, CalcTool(latency_s=5.0))
+    assert by_id(trajs) == ref

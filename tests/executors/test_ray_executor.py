@@ -1,15 +1,15 @@
-"""The Ray executor end to end: two tiny real pipelines, one driver, real schedulers.
+"""The Ray executor end to end: tiny real pipelines on per-device workers, real schedulers.
 
-Runs ``realrun.run_real`` on one shared local Ray instance (started once for the module: Ray's
-start-up is ~3 s) with ~1M-parameter models, 2 steps of 2 prompts × 2 samples and a 2-step warm
-start (cached in a module temp folder). Each run costs ~10-15 s on a 2-core machine, mostly the
-actors importing torch and building their pipelines.
+Runs ``realrun.run_real`` on one shared local Ray instance (started once for the module, with
+four ``jigsaw_device`` resources) with ~1M-parameter models, a few prompts × 2 samples and a
+2-step warm start (cached in a module temp folder). Each run costs ~10-20 s on a 2-core machine,
+mostly the workers importing torch and building their pipelines.
 """
 
 from __future__ import annotations
 
 import os
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -23,24 +23,27 @@ from jigsawrl.errors import ConfigError  # noqa: E402
 from jigsawrl.events import PipelineFailed, SampleFinished, Span, StepFinished  # noqa: E402
 from jigsawrl.executors.raycluster import RayExecutor, rollout_band  # noqa: E402
 from jigsawrl.realrun import resolve_real, run_real  # noqa: E402
-from jigsawrl.scheduler.base import Interrupt, Migrate  # noqa: E402
+from jigsawrl.scheduler.base import Decision, Migrate, View  # noqa: E402
+from jigsawrl.scheduler.verl import VerlPolicy  # noqa: E402
 
 STEPS, BATCH, GROUP = 2, 2, 2
-TINY = [
-    f"pipelines.{i}.{k}={v}" for i in (0, 1) for k, v in (
-        ("steps", STEPS), ("batch_size", BATCH), ("group_size", GROUP),
-        ("train.warmup_steps", 2), ("train.threads", 1))
-]
 
 
-def tiny_config(policy: str = "verl-split") -> Any:
-    return load_config("configs/real/multi.yaml", [*TINY, f"scheduler.name={policy}"])
+def tiny(policy: str = "verl-split", steps: int = STEPS, batch: int = BATCH,
+         pipelines: tuple[int, ...] = (0, 1), extra: tuple[str, ...] = ()) -> Any:
+    sets = [f"pipelines.{i}.{k}={v}" for i in pipelines for k, v in (
+        ("steps", steps), ("batch_size", batch), ("group_size", GROUP),
+        ("train.warmup_steps", 2), ("train.threads", 1))]
+    cfg = load_config("configs/real/multi.yaml", [*sets, f"scheduler.name={policy}", *extra])
+    keep = [cfg.pipelines[i] for i in pipelines]
+    return cfg.model_copy(update={"pipelines": keep})
 
 
 @pytest.fixture(scope="module")
 def shared_ray() -> Any:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # local run: no auth token file
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING",
+             resources={"jigsaw_device": 4})
     yield
     ray.shutdown()
 
@@ -62,66 +65,183 @@ def check_spans_fit(spans: list[Span], num_devices: int) -> None:
         level = 0.0
         for _, delta in sorted(marks):  # ends sort before starts at the same instant
             level += delta
-            assert level <= 1.0 + 1e-9, f"device {d} over-committed"
+            assert level <= 1.0 + 1e-6, f"device {d} over-committed"
 
 
-def check_run(summary: dict[str, Any], events: list[Any], finished: set[str]) -> None:
-    samples: dict[str, int] = defaultdict(int)
+def check_run(summary: dict[str, Any], events: list[Any], finished: dict[str, int],
+              batch: int = BATCH) -> None:
+    """Every finished pipeline produced each of its samples exactly once per step."""
+    ids: dict[str, Counter[str]] = defaultdict(Counter)
+    steps: Counter[str] = Counter()
     for e in events:
         if isinstance(e, SampleFinished):
-            samples[e.pipeline] += 1
-    steps = defaultdict(int)
-    for e in events:
+            ids[e.pipeline][e.sample_id] += 1
         if isinstance(e, StepFinished):
             steps[e.pipeline] += 1
-    for name in finished:
-        assert steps[name] == STEPS
-        assert samples[name] == STEPS * BATCH * GROUP
+    for name, n in finished.items():
+        assert steps[name] == n
+        assert len(ids[name]) == n * batch * GROUP
+        assert set(ids[name].values()) == {1}, "a sample was duplicated"
     check_spans_fit([e for e in events if isinstance(e, Span)], summary["num_devices"])
     assert summary["executor"] == "ray"
     assert summary["throughput_tokens_per_s"] > 0
-    assert {s.stage for s in events if isinstance(s, Span)} >= {
-        "decode_small", "reward", "old_logprob", "actor_update", "weight_sync"}
 
 
 @pytest.mark.parametrize("policy", ["verl-split", "jigsaw"])
 def test_two_real_pipelines_finish(shared_ray: Any, cache: Path, policy: str,
                                    tmp_path: Path) -> None:
-    # jigsaw may only migrate with per-rank progress, which this executor does not report: a
-    # Migrate would raise NotImplementedError and fail the run, so finishing proves it did not.
-    summary, events = run_real(tiny_config(policy), cache_dir=cache, out_dir=tmp_path / "run")
-    check_run(summary, events, {"arithmetic", "calculator"})
+    summary, events = run_real(tiny(policy), cache_dir=cache, out_dir=tmp_path / "run")
+    check_run(summary, events, {"arithmetic": STEPS, "calculator": STEPS})
     assert summary["failed_pipelines"] == []
     assert summary["policy"] == policy
     assert (tmp_path / "run" / "summary.json").is_file()
+    stages = {s.stage for s in events if isinstance(s, Span)}
+    assert stages >= {"reward", "old_logprob", "actor_update", "weight_sync"}
+    assert stages & {"decode_small", "prefill"}
+    metrics = summary["pipeline_metrics"]["arithmetic"]
+    assert [m["step"] for m in metrics] == list(range(STEPS))
+    assert all("critic/score/mean" in m and "actor/pg_loss" in m for m in metrics)
+    # the checkpoint of the last step is written by the weight sync
+    assert (tmp_path / "run" / "checkpoints" / "arithmetic" / "latest").is_file()
+    if policy == "jigsaw":  # jigsaw keeps train states in host memory between updates
+        assert {m["stage"] for m in summary["memory_moves"]} >= {"offload", "onload"}
+        assert all(m["bytes"] > 0 and m["seconds"] >= 0 for m in summary["memory_moves"])
 
 
 def test_failing_reward_stops_only_its_pipeline(shared_ray: Any, cache: Path) -> None:
     def broken_reward(text: str, example: Any) -> float:
         raise ValueError("reward service down")
 
-    summary, events = run_real(tiny_config(), cache_dir=cache, strict_rewards=True,
+    summary, events = run_real(tiny(), cache_dir=cache,
                                reward_fns={"calculator": broken_reward})
     failed = [e for e in events if isinstance(e, PipelineFailed)]
     assert [(f.pipeline, f.step) for f in failed] == [("calculator", 0)]
     assert "reward service down" in failed[0].error
     assert summary["failed_pipelines"] == ["calculator"]
-    check_run(summary, events, {"arithmetic"})
+    check_run(summary, events, {"arithmetic": STEPS})
 
 
-def test_share_to_threads_and_unsupported_actions() -> None:
-    exp = resolve_real(tiny_config())
+class MigratingVerl(VerlPolicy):
+    """verl-split, plus one long-tail migration: when both ranks of a rollout still have
+    unfinished requests, rank 1's requests move to rank 0. Optionally kills a device worker
+    instead (``kill``: the executor to kill device 1 of, once, mid-rollout)."""
+
+    wants_rank_progress = True
+
+    def __init__(self, kill: list[Any] | None = None) -> None:
+        super().__init__("split")
+        self.kill = kill
+        self.done = False
+
+    def decide(self, view: View) -> Decision:
+        actions = list(super().decide(view).actions)
+        for pv in view.pipelines:
+            for t in pv.running:
+                counts = t.unfinished_per_rank
+                if (self.done or t.stage != "rollout" or len(counts) != 2
+                        or min(counts) <= 0 or min(t.rank_shares) <= 0):
+                    continue
+                self.done = True
+                if self.kill is not None:
+                    self.kill[0].kill_device(1)
+                else:
+                    actions.append(Migrate(t.task_id, (1,), 0))
+        return Decision(tuple(actions))
+
+
+def one_pipeline_dp2() -> Any:
+    """arithmetic alone on 2 devices: a DP-2 rollout of 4 prompts × 2 samples."""
+    return tiny(pipelines=(0,), batch=4, steps=1,
+                extra=("pipelines.0.max_response_tokens=48",))
+
+
+def run_with_policy(cfg: Any, policy: Any, cache: Path, holder: list[Any] | None = None,
+                    **kw: Any) -> tuple[Any, Any]:
+    """run_real with a policy object; ``holder`` receives the executor (fault drills)."""
+    import jigsawrl.scheduler as sched
+
+    holder = [] if holder is None else holder
+
+    def hook(ex: Any) -> None:
+        ex.chunk_s = 0.01  # short slices: the tiny rollout is seen mid-way
+        holder.append(ex)
+
+    original = sched.get_policy
+    sched.get_policy = lambda name, params=None: policy  # type: ignore[assignment]
+    try:
+        return run_real(cfg, cache_dir=cache, executor_hook=hook, **kw)
+    finally:
+        sched.get_policy = original  # type: ignore[assignment]
+
+
+def test_dp_rollout_migrates_long_tail(shared_ray: Any, cache: Path) -> None:
+    policy = MigratingVerl()
+    summary, events = run_with_policy(one_pipeline_dp2(), policy, cache)
+    assert policy.done, "the rollout never had two busy ranks"
+    check_run(summary, events, {"arithmetic": 1}, batch=4)
+    ranks = {s.rank for s in events if isinstance(s, Span) and s.stage.startswith("decode")}
+    assert ranks == {0, 1}
+
+
+def test_killed_worker_requests_resume_elsewhere(shared_ray: Any, cache: Path) -> None:
+    holder: list[Any] = []
+    policy = MigratingVerl(kill=holder)
+    summary, events = run_with_policy(one_pipeline_dp2(), policy, cache, holder)
+    assert policy.done
+    assert summary["replaced_devices"] == [1]
+    assert summary["failed_pipelines"] == []
+    check_run(summary, events, {"arithmetic": 1}, batch=4)
+
+
+def test_async_pipeline_respects_staleness(shared_ray: Any, cache: Path) -> None:
+    cfg = tiny("areal", steps=3, pipelines=(0,),
+               extra=("pipelines.0.mode=async", "pipelines.0.max_staleness=1",
+                      "scheduler.params.placement=split", "scheduler.params.allocation=0"))
+    summary, events = run_real(cfg, cache_dir=cache)
+    check_run(summary, events, {"arithmetic": 3})
+    for e in events:
+        if isinstance(e, SampleFinished):
+            assert e.step - 1 <= e.policy_version <= e.step, e
+
+
+def test_resume_continues_from_checkpoints(shared_ray: Any, cache: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    run_real(tiny(steps=1), cache_dir=cache, out_dir=out)
+    summary, events = run_real(tiny(steps=2), cache_dir=cache, out_dir=out, resume=True)
+    assert summary["resumed_from"] == {"arithmetic": 1, "calculator": 1}
+    check_run(summary, events, {"arithmetic": 1, "calculator": 1})
+    assert [m["step"] for m in summary["pipeline_metrics"]["calculator"]] == [0, 1]
+    with pytest.raises(ConfigError, match="already finished"):
+        run_real(tiny(steps=2), cache_dir=cache, out_dir=out, resume=True)
+
+
+def test_memory_budget_offloads_lru_train_state(shared_ray: Any, cache: Path) -> None:
+    cfg = tiny("verl-serial", steps=1)
+    exp = resolve_real(cfg)
+    one_state = exp.pipelines[0].model.num_params * 16
+    holder: list[Any] = []
+
+    def hook(ex: Any) -> None:
+        ex.mem_budget = 1.5 * one_state  # room for one train state per device
+        holder.append(ex)
+
+    summary, events = run_real(cfg, cache_dir=cache, executor_hook=hook)
+    check_run(summary, events, {"arithmetic": 1, "calculator": 1})
+    assert any(m["stage"] == "offload" for m in summary["memory_moves"])
+
+
+def test_share_to_threads_and_bands() -> None:
+    exp = resolve_real(tiny())
     ex = RayExecutor(exp, threads_per_device=2)
     assert ex.threads_for(1.0, 2) == 4
     assert ex.threads_for(0.5, 1) == 1
     assert ex.threads_for(0.0, 0) == 1
-    with pytest.raises(NotImplementedError, match="per-device"):
-        ex.migrate(Migrate("arithmetic/0/rollout", (1,), 0))
-    with pytest.raises(NotImplementedError):
-        ex.interrupt(Interrupt("arithmetic/0/rollout"))
-    assert rollout_band(8, 64) == "decode_small"
-    assert rollout_band(512, 256) == "decode_medium"
-    assert rollout_band(4096, 2048) == "decode_large"
+    assert rollout_band(8) == "decode_small"
+    assert rollout_band(512) == "decode_medium"
+    assert rollout_band(4096) == "decode_large"
+    assert rollout_band(0) == "tool_wait"
+    with pytest.raises(ValueError, match="chunk_s"):
+        RayExecutor(exp, chunk_s=0)
 
 
 def test_resolve_real_rejects_gpu_presets_and_tp() -> None:
@@ -129,7 +249,7 @@ def test_resolve_real_rejects_gpu_presets_and_tp() -> None:
         resolve_real(load_config("configs/real/multi.yaml", ["cluster.accelerator=h100-80gb"]))
     with pytest.raises(ConfigError, match="tensor parallelism"):
         resolve_real(load_config("configs/real/multi.yaml", ["pipelines.0.rollout_tp=2"]))
-    exp = resolve_real(tiny_config())
+    exp = resolve_real(tiny())
     assert exp.num_devices == 2
     assert exp.pipelines[0].model.num_layers == 4
     assert exp.accelerator.name == "cpu-worker"

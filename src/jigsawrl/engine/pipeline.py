@@ -104,8 +104,15 @@ class RealPipeline:
 
     # ------------------------------------------------------------------ set-up
 
-    def start(self) -> None:
-        """Build task, model, warm start, reference, engine and trainer (the slow part)."""
+    def start(self, *, train: bool = True) -> None:
+        """Build task, model, datasets and rollout engine; with ``train`` also the warm start,
+        the reference and the trainer (the slow part).
+
+        ``train=False`` builds a *rollout-only* copy (what a Ray device worker hosts for a
+        pipeline whose train state lives elsewhere): its engine keeps the preset's random
+        weights (:meth:`new_engine` makes engines with given weights), and
+        :meth:`import_train_state` can add the trainer later.
+        """
         from jigsawrl.engine.rollout import RolloutEngine
         from jigsawrl.tasks import get_task
 
@@ -117,21 +124,80 @@ class RealPipeline:
             spec.model, self.seed, where=f"pipeline {spec.name!r}: model")
         self.pool = self.task.make_dataset(POOL_SIZE, self.seed, "train")
         self.eval_set = self.task.make_dataset(tr.eval_size, self.seed, "test")
-        ws = WarmStartSpec(model_key=spec.model, task_key=f"{spec.task}{spec.rollout.task_params}",
-                           seed=self.seed, steps=tr.warmup_steps, lr=tr.warmup_lr,
-                           batch_size=tr.warmup_batch_size)
-        self.warm_info = warm_start(self.model, self.tokenizer, self.pool, ws, self.cache_dir,
-                                    task=self.task)
-        ref = copy.deepcopy(self.model) if tr.kl_coef > 0 else None
-        self.trainer = GRPOTrainer(self.model, GRPOConfig(
-            lr=tr.lr, clip_eps=tr.clip_eps, kl_coef=tr.kl_coef, grad_clip=tr.grad_clip,
-            micro_batch_size=tr.micro_batch_size, ppo_epochs=tr.ppo_epochs,
-            recompute_old_logprobs=tr.recompute_old_logprobs), ref_model=ref)
+        if train:
+            ws = WarmStartSpec(model_key=spec.model,
+                               task_key=f"{spec.task}{spec.rollout.task_params}",
+                               seed=self.seed, steps=tr.warmup_steps, lr=tr.warmup_lr,
+                               batch_size=tr.warmup_batch_size)
+            self.warm_info = warm_start(self.model, self.tokenizer, self.pool, ws,
+                                        self.cache_dir, task=self.task)
+            self._make_trainer(self.model)
+        else:
+            self.trainer = None
         self.engine = RolloutEngine(copy.deepcopy(self.model).eval(), self.tokenizer,
                                     max_batch_tokens=spec.rollout.max_batch_tokens,
                                     max_num_seqs=spec.rollout.max_num_seqs)
+        if not train:
+            self.model = None  # the rollout-only copy keeps no actor
         self.max_new_tokens = min(spec.max_response_tokens, int(self.task.max_response_chars))
         self.started = True
+
+    def _make_trainer(self, model: torch.nn.Module) -> None:
+        tr = self.spec.train
+        ref = copy.deepcopy(model) if tr.kl_coef > 0 else None
+        self.trainer = GRPOTrainer(model, GRPOConfig(
+            lr=tr.lr, clip_eps=tr.clip_eps, kl_coef=tr.kl_coef, grad_clip=tr.grad_clip,
+            micro_batch_size=tr.micro_batch_size, ppo_epochs=tr.ppo_epochs,
+            recompute_old_logprobs=tr.recompute_old_logprobs), ref_model=ref)
+
+    # ------------------------------------------------------------------ state that moves
+
+    @property
+    def has_trainer(self) -> bool:
+        return self.trainer is not None
+
+    def export_train_state(self) -> dict[str, Any]:
+        """Hand over the train state (actor, optimizer moments, reference) and drop it here.
+
+        What the Ray executor's offload moves to host memory (the object store) and an onload
+        brings back, possibly to another worker. Raises ``RuntimeError`` without a trainer.
+        """
+        if self.trainer is None:
+            raise RuntimeError(f"{self.spec.name}: no train state here to export")
+        ref = self.trainer.ref_model
+        state = {"model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
+                 "optimizer": self.trainer.optimizer.state_dict(),
+                 "ref": None if ref is None else ref.state_dict()}
+        self.trainer, self.model = None, None
+        return state
+
+    def import_train_state(self, state: dict[str, Any]) -> None:
+        """Rebuild the actor, optimizer and reference here from :meth:`export_train_state`."""
+        model, _ = build_model_and_tokenizer(self.spec.model, self.seed)
+        model.load_state_dict(state["model"])
+        self.model = model
+        self._make_trainer(model)
+        assert self.trainer is not None
+        self.trainer.optimizer.load_state_dict(state["optimizer"])
+        if state.get("ref") is not None and self.trainer.ref_model is not None:
+            self.trainer.ref_model.load_state_dict(state["ref"])
+
+    def actor_weights(self) -> dict[str, torch.Tensor]:
+        """A copy of the actor's weights (what a weight sync broadcasts)."""
+        if self.model is None:
+            raise RuntimeError(f"{self.spec.name}: no actor here")
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def new_engine(self, weights: dict[str, torch.Tensor]) -> Any:
+        """A fresh rollout engine holding ``weights`` (one per rollout rank on a Ray worker, so
+        that ranks of different steps of an async pipeline keep their own weights version)."""
+        from jigsawrl.engine.rollout import RolloutEngine
+
+        ro = self.spec.rollout
+        engine = RolloutEngine(copy.deepcopy(self.engine.model).eval(), self.tokenizer,
+                               max_batch_tokens=ro.max_batch_tokens, max_num_seqs=ro.max_num_seqs)
+        engine.load_weights(weights)
+        return engine
 
     def _params(self, temperature: float, top_p: float, seed: int | None) -> Any:
         from jigsawrl.engine.rollout import SamplingParams
@@ -158,18 +224,27 @@ class RealPipeline:
         idx = rng.choice(len(self.pool), size=n, replace=n > len(self.pool))
         return [self.pool[int(i)] for i in idx]
 
-    def rollout(self, step: int) -> StepData:
-        """Sample ``group_size`` responses per prompt (groups contiguous)."""
+    def step_requests(self, step: int) -> list[tuple[Any, Any]]:
+        """The ``(example, GenerationRequest)`` pairs of ``step``, groups contiguous (a
+        function of seed and step only, so any worker builds the same requests)."""
+        from jigsawrl.engine.rollout import GenerationRequest
+
         g, ro = self.spec.group_size, self.spec.rollout
-        examples, ids, params = [], [], []
+        out = []
         for i, ex in enumerate(self.prompts_for(step)):
             for j in range(g):
-                examples.append(ex)
-                ids.append(f"{self.spec.name}/{step}/{i}/{j}")
-                params.append(self._params(ro.temperature, ro.top_p,
-                                           (self.seed * 1_000_003 + step * 10_007 + i * g + j)
-                                           % 2**31))
-        return StepData(step, self._generate(examples, ids, params))
+                seed = (self.seed * 1_000_003 + step * 10_007 + i * g + j) % 2**31
+                out.append((ex, GenerationRequest(
+                    f"{self.spec.name}/{step}/{i}/{j}",
+                    encode_prompt(self.tokenizer, ex.prompt),
+                    self._params(ro.temperature, ro.top_p, seed))))
+        return out
+
+    def rollout(self, step: int) -> StepData:
+        """Sample ``group_size`` responses per prompt (groups contiguous)."""
+        loop = AgentLoop(self.engine, self.tokenizer, self.task,
+                         extra_latency_s=self.spec.rollout.tool_latency_s)
+        return StepData(step, loop.run(self.step_requests(step)))
 
     def score(self, traj: Trajectory) -> tuple[float, dict[str, Any]]:
         """The reward of one trajectory; never raises (bad rewards give 0, reason logged)."""
@@ -185,8 +260,14 @@ class RealPipeline:
     def reward(self, data: StepData) -> None:
         """Score every response, compute advantages and build the training batch."""
         scored = [self.score(t) for t in data.trajectories]
-        data.rewards = torch.tensor([s for s, _ in scored], dtype=torch.float32)
-        data.reward_infos = [info for _, info in scored]
+        self.prepare(data, [s for s, _ in scored], [info for _, info in scored])
+
+    def prepare(self, data: StepData, rewards: list[float],
+                infos: list[dict[str, Any]]) -> None:
+        """Attach rewards scored elsewhere (a Ray reward worker), compute the group advantages
+        and build the training batch."""
+        data.rewards = torch.tensor(rewards, dtype=torch.float32)
+        data.reward_infos = list(infos)
         adv = group_advantages(data.rewards, self.spec.group_size)
         seqs = [(t.prompt_ids, t.response_ids, t.response_mask) for t in data.trajectories]
         data.batch = build_batch(seqs, adv, self.tokenizer.pad_token_id)

@@ -160,13 +160,15 @@ class RolloutSession:
 
     # ----------------------------------------------------------------- running
 
-    def run(self, budget_s: float | None = None) -> list[Trajectory]:
+    def run(self, budget_s: float | None = None, *,
+            idle_return: bool = False) -> list[Trajectory]:
         """Run until every request has finished or ``budget_s`` of clock time has passed.
 
         The budget is checked between engine iterations, after at least one iteration when a
         request can run; while only tool-waiting requests remain the session sleeps until the
-        next is ready, never past the budget's end. Returns the trajectories that finished
-        during this call, in finish order.
+        next is ready, never past the budget's end — or, with ``idle_return``, returns at once
+        (a Ray worker then gives its device to other work; :attr:`next_ready_s` says when to
+        come back). Returns the trajectories that finished during this call, in finish order.
         """
         end = None if budget_s is None else self.clock() + budget_s
         finished: list[Trajectory] = []
@@ -177,7 +179,7 @@ class RolloutSession:
             self._rejoin_ready()
             if len(self._live) == len(self._pending):  # nothing in the engine: wait for a tool
                 now = self.clock()
-                if end is not None and now >= end:
+                if idle_return or (end is not None and now >= end):
                     break
                 wake = self._pending[0].ready_s if end is None else min(self._pending[0].ready_s,
                                                                        end)
@@ -258,6 +260,13 @@ class RolloutSession:
     def decoding(self) -> int:
         """Requests in the engine's running batch now (what sizes a decode iteration)."""
         return int(self.engine.stats.running)
+
+    @property
+    def next_ready_s(self) -> float:
+        """Seconds until the first tool-waiting request may rejoin (0 if none waits)."""
+        if not self._pending:
+            return 0.0
+        return max(0.0, self._pending[0].ready_s - self.clock())
 
     def ctx_tokens(self) -> int:
         """Tokens of context (prompt + output so far) held by the unfinished requests; tool

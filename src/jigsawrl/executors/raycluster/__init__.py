@@ -1,4 +1,5 @@
-"""The Ray executor (DESIGN.md §3): real pipelines on Ray actors, driven by the same scheduler.
+"""The Ray executor (DESIGN.md §3): real pipelines on per-device Ray workers, driven by the same
+scheduler as the simulator.
 
 The only package of jigsawrl that imports ``ray`` (install the ``ray`` extra). Start with
 :class:`~jigsawrl.executors.raycluster.executor.RayExecutor`; ``jigsawrl.realrun`` wires a

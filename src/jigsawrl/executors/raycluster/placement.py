@@ -1,0 +1,111 @@
+"""Ray start-up and device placement: one placement-group bundle per logical device.
+
+What: :func:`connect` starts a local Ray (declaring ``jigsaw_device`` resources, one per logical
+device of the config) or joins a running cluster; :func:`reserve_devices` creates a placement
+group with one bundle per device and returns the options that pin a device's worker actor to
+its bundle.
+
+Why a custom resource: on CPU a logical device is not a Ray CPU (the workers ask for
+``num_cpus=0``, cpu-notes.md), so nothing in Ray's default accounting stops two devices' workers
+from being packed onto a node that cannot hold them. A cluster node offers devices with
+``ray start --resources='{"jigsaw_device": K}'``; a GPU cluster may instead offer its GPUs
+(a bundle then reserves ``{"GPU": 1}``). ``ray.cluster_utils.Cluster`` nodes take the same
+``resources=`` argument (the multi-node test does so).
+
+Simplification: the bundles use the ``PACK`` strategy; the physical node of each device is
+reported (``node_of``) rather than forced to match ``cluster.accelerators_per_node``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from jigsawrl.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+DEVICE_RESOURCE = "jigsaw_device"
+PG_TIMEOUT_S = 60.0
+
+
+def connect(address: str | None, num_devices: int, num_cpus: int | None = None) -> bool:
+    """Start a local Ray with ``num_devices`` logical devices, or join ``address``.
+
+    Returns:
+        True when this call started Ray (the caller shuts it down).
+    """
+    if ray.is_initialized():
+        return False
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # local runs: no token file
+    if address is None:
+        ray.init(num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False,
+                 resources={DEVICE_RESOURCE: num_devices}, logging_level=logging.WARNING)
+    else:
+        ray.init(address=address, logging_level=logging.WARNING)
+    return True
+
+
+def _bundle(num_devices: int) -> dict[str, float]:
+    """What one device's bundle reserves on this cluster."""
+    have = ray.cluster_resources()
+    if have.get(DEVICE_RESOURCE, 0) >= num_devices:
+        return {DEVICE_RESOURCE: 1}
+    if have.get("GPU", 0) >= num_devices:
+        return {"GPU": 1}
+    if have.get("CPU", 0) >= 0.01 * num_devices and not have.get(DEVICE_RESOURCE):
+        # A Ray started elsewhere without device resources (e.g. a plain ray.init()): place by
+        # a token CPU slice; devices may then share a node arbitrarily.
+        log.warning("Ray offers no %r resources: placing %d devices by CPU slices",
+                    DEVICE_RESOURCE, num_devices)
+        return {"CPU": 0.01}
+    raise ConfigError(
+        f"the Ray cluster offers {have.get(DEVICE_RESOURCE, 0):g} {DEVICE_RESOURCE!r} and "
+        f"{have.get('GPU', 0):g} GPU resources, the config needs {num_devices} devices",
+        where="cluster", fix=f"start nodes with ray start --resources="
+        f"'{{\"{DEVICE_RESOURCE}\": K}}', or lower cluster.accelerators_per_node/num_nodes")
+
+
+class Reservation:
+    """The placement group of a run: ``options(i)`` pins device ``i``'s worker to bundle ``i``."""
+
+    def __init__(self, num_devices: int) -> None:
+        self.num_devices = num_devices
+        self.bundle = _bundle(num_devices)
+        self.pg = placement_group([dict(self.bundle) for _ in range(num_devices)],
+                                  strategy="PACK")
+        ready, _ = ray.wait([self.pg.ready()], timeout=PG_TIMEOUT_S)
+        if not ready:
+            remove_placement_group(self.pg)
+            raise ConfigError(f"Ray could not place {num_devices} device bundles "
+                              f"{self.bundle} within {PG_TIMEOUT_S:.0f} s", where="cluster",
+                              fix="check `ray status` for free resources")
+
+    def options(self, device: int) -> dict[str, Any]:
+        opts: dict[str, Any] = {
+            "num_cpus": 0,
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                placement_group=self.pg, placement_group_bundle_index=device)}
+        if "GPU" in self.bundle:
+            opts["num_gpus"] = 1
+        elif "CPU" in self.bundle:
+            opts["num_cpus"] = self.bundle["CPU"]
+        else:
+            opts["resources"] = dict(self.bundle)
+        return opts
+
+    def host_options(self) -> dict[str, Any]:
+        """Options of host-side helpers (reward workers): in the group, on any bundle."""
+        return {"num_cpus": 0, "scheduling_strategy": PlacementGroupSchedulingStrategy(
+            placement_group=self.pg)}
+
+    def release(self) -> None:
+        try:
+            remove_placement_group(self.pg)
+        except Exception as exc:  # noqa: BLE001 - Ray already shut down
+            log.debug("placement group not removed: %s", exc)

@@ -1,0 +1,51 @@
+"""Rollout bookkeeping of the Ray executor (plain Python): dispatch keeps GRPO groups together,
+ownership moves with migrations, and results come back in index order exactly once."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("ray")  # the package imports ray (executors/raycluster/__init__)
+
+from jigsawrl.executors.raycluster.rollouts import (  # noqa: E402
+    RankRT,
+    RolloutRT,
+    dispatch,
+    request_index,
+)
+
+
+def test_contiguous_dispatch_keeps_groups_and_balances() -> None:
+    parts = dispatch(12, 2, 4, "contiguous")
+    assert parts == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9], [10, 11]]
+    assert dispatch(4, 2, 3, "contiguous") == [[0, 1], [2, 3], []]
+
+
+def test_skew_aware_deals_longest_groups_first() -> None:
+    lengths = [5, 5, 50, 50, 10, 10, 40, 40]
+    parts = dispatch(8, 2, 2, "skew_aware", lengths)
+    assert sorted(i for p in parts for i in p) == list(range(8))
+    assert {2, 3} <= set(parts[0]) and {6, 7} <= set(parts[1])  # the two longest split up
+    for p in parts:  # groups stay whole
+        assert all((i ^ 1) in p for i in p)
+
+
+def test_ownership_moves_and_results_are_ordered_once() -> None:
+    ro = RolloutRT("p/0/rollout", "p", 0, 4, [RankRT(0, (0,), 1.0), RankRT(1, (1,), 1.0)])
+    ro.assign(0, [0, 1])
+    ro.assign(1, [2, 3])
+    assert ro.finished(2, "t2", 0)
+    assert not ro.finished(2, "again", 0)  # a duplicate is ignored
+    assert ro.move(1, 0) == 1 and ro.owned_by(0) == [0, 1, 3]
+    for i, t in ((3, "t3"), (0, "t0"), (1, "t1")):
+        ro.finished(i, t, 0)
+    assert not ro.complete  # ranks not done yet
+    for r in ro.ranks:
+        r.done = True
+    assert ro.complete
+    assert [t for t, _ in ro.ordered()] == ["t0", "t1", "t2", "t3"]
+
+
+@pytest.mark.parametrize(("rid", "want"), [("calc/3/2/1", (2, 1)), ("a/b/0/5/0", (5, 0))])
+def test_request_index(rid: str, want: tuple[int, int]) -> None:
+    assert request_index(rid) == want
