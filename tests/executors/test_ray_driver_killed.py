@@ -1,0 +1,85 @@
+"""A killed driver: ``jigsawrl run CONFIG --ray --resume`` continues every pipeline from its last
+checkpoint.
+
+The first run (a subprocess, its own session) is SIGKILLed together with the Ray processes it
+started as soon as every pipeline has written a checkpoint; the second run resumes from those
+checkpoints and finishes the remaining steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray")
+pytest.importorskip("torch")
+psutil = pytest.importorskip("psutil")
+
+STEPS = 3
+SETS = [f"pipelines.{i}.{k}={v}" for i in (0, 1) for k, v in (
+    ("steps", STEPS), ("batch_size", 2), ("group_size", 2), ("train.warmup_steps", 2),
+    ("train.checkpoint_every", 1))]
+
+
+def jigsawrl_cmd(*args: str) -> list[str]:
+    exe = shutil.which("jigsawrl", path=str(Path(sys.executable).parent))
+    return [exe or "jigsawrl", *args]
+
+
+def checkpoint_step(out: Path, name: str) -> int:
+    latest = out / "checkpoints" / name / "latest"
+    if not latest.is_file():
+        return 0
+    meta = out / "checkpoints" / name / latest.read_text().strip() / "meta.json"
+    return json.loads(meta.read_text())["step"] if meta.is_file() else 0
+
+
+def kill_tree(pid: int) -> None:
+    proc = psutil.Process(pid)
+    for p in [*proc.children(recursive=True), proc]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.send_signal(signal.SIGKILL)
+
+
+def test_killed_driver_resumes_every_pipeline(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    env = {**os.environ, "JIGSAWRL_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1",
+           "RAY_AUTH_MODE": "disabled"}
+    sets = [a for s in SETS for a in ("--set", s)]
+    args = jigsawrl_cmd("run", "configs/real/multi.yaml", "--ray", "--out", str(out), *sets)
+    first = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 240
+    try:
+        while time.monotonic() < deadline and first.poll() is None:
+            if all(checkpoint_step(out, n) >= 1 for n in ("arithmetic", "calculator")):
+                break
+            time.sleep(0.2)
+        assert first.poll() is None, "the first run ended before it could be killed"
+        done = {n: checkpoint_step(out, n) for n in ("arithmetic", "calculator")}
+        assert min(done.values()) >= 1, "no checkpoint within the deadline"
+    finally:
+        kill_tree(first.pid)
+        first.wait()
+    if max(done.values()) >= STEPS:
+        pytest.skip("the first run finished a pipeline before the kill (machine too fast)")
+    second = subprocess.run([*args, "--resume"], env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert second.returncode == 0, second.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    resumed = summary["resumed_from"]
+    assert set(resumed) == {"arithmetic", "calculator"}
+    assert all(resumed[n] >= done[n] for n in resumed)
+    for name in ("arithmetic", "calculator"):
+        assert checkpoint_step(out, name) == STEPS
+        steps = [m["step"] for m in summary["pipeline_metrics"][name]]
+        assert steps == list(range(STEPS)), steps
