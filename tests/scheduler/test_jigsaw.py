@@ -161,3 +161,24 @@ def test_eight_heterogeneous_pipelines_mixed_sync_async() -> None:
     res = run_once(resolve(c), get_policy("jigsaw"), 5)
     done = {e.pipeline for e in res.events if isinstance(e, StepFinished) and e.step == 1}
     assert done == {f"p{i}" for i in range(8)}
+
+
+def test_several_train_states_run_compute_stages_side_by_side() -> None:
+    """``max_train_states > 1``: compute stages of different pipelines run at once on disjoint
+    devices (the driver checks memory and shares on every action); 1 keeps them one at a time."""
+    from jigsawrl.config import load_config
+    from jigsawrl.events import Span
+    from jigsawrl.runner import simulate
+
+    def overlapping(k: int) -> bool:
+        cfg = load_config("configs/two-gsm8k.yaml", [
+            "scheduler.name=jigsaw", f"scheduler.params.max_train_states={k}",
+            "pipelines.0.steps=3", "pipelines.1.steps=3"])
+        run = simulate(cfg, solo=False)
+        spans = [e for e in run.events if isinstance(e, Span)
+                 and e.stage in ("old_logprob", "ref_logprob", "actor_update")]
+        return any(a.pipeline != b.pipeline and a.start_s < b.end_s and b.start_s < a.end_s
+                   and not set(a.devices) & set(b.devices) for a in spans for b in spans)
+
+    assert not overlapping(1)
+    assert overlapping(2)

@@ -9,7 +9,12 @@ How it decides (every decision point; DESIGN.md §2):
 2. **Multiplexing.** A device hosts up to ``max_colocated`` rollout engines of different
    pipelines plus at most one compute-bound stage (log-prob / update): memory-bound decodes pair
    with each other and with compute-bound training. A rollout takes at most a fair share of the
-   pool's engine slots, on the least-loaded devices.
+   pool's engine slots, on the least-loaded devices. ``max_train_states`` (default 1: the
+   prototype's memory plan) train states may be onloaded at once; with more than one, compute
+   stages of different pipelines run side by side on disjoint devices, each leaving devices
+   for the pipelines not computing (worth it where a stage gains little from more devices, as
+   on the CPU Ray executor, which runs a stage in one worker process; the GPU simulation is
+   slower with it, ``bench paper --quick``).
 3. **Dynamic allocation.** The split of a device's compute between co-located sub-stages is chosen
    from the belief slowdown table over the discrete share levels, maximising the weighted progress
    rate ``Σ w / slowdown(stage, share)`` (``dynamic_shares=False``: an equal split).
@@ -81,10 +86,11 @@ class JigsawPolicy(TailMigration):
     def __init__(self, depth: int = 2, migration: bool = True, dynamic_shares: bool = True,
                  max_colocated: int = 1, tail_requests: int = 128, tail_batch: int = 64,
                  history_window: int = 3, min_rollout_fraction: float = 0.5,
-                 name: str = "jigsaw") -> None:
-        if depth < 0 or max_colocated < 1 or tail_batch < 1:
-            raise ConfigError("depth >= 0, max_colocated >= 1 and tail_batch >= 1 are required",
-                              where="scheduler.params")
+                 max_train_states: int = 1, name: str = "jigsaw") -> None:
+        if depth < 0 or max_colocated < 1 or tail_batch < 1 or max_train_states < 1:
+            raise ConfigError("depth >= 0, max_colocated >= 1, tail_batch >= 1 and "
+                              "max_train_states >= 1 are required", where="scheduler.params")
+        self.max_train_states = max_train_states
         self.depth = depth
         self.migration = migration
         self.dynamic_shares = dynamic_shares
@@ -179,8 +185,8 @@ class JigsawPolicy(TailMigration):
         return actions
 
     def _can_onload(self, view: View, b: Board, pv: PipelineView) -> bool:
-        if any(s != "host" for s in self._state.values()):
-            return False  # one train state on the devices at a time (the memory plan above)
+        if sum(s != "host" for s in self._state.values()) >= self.max_train_states:
+            return False  # max_train_states on the devices at a time (the memory plan above)
         n = len(view.devices)
         need = self._resident[pv.name] + view.cost.activation_bytes(pv.model, MICRO_BATCH_TOKENS,
                                                                     n)
@@ -303,20 +309,29 @@ class JigsawPolicy(TailMigration):
     def _compute_devices(self, view: View, b: Board, pv: PipelineView) -> tuple[int, ...]:
         """All devices (shared with decodes) or only the free ones at full share: the faster."""
         n = len(view.devices)
-        if any(b.has_compute(d) for d in range(n)):
+        pool = tuple(d for d in range(n) if not b.has_compute(d))
+        if len(pool) < n and self.max_train_states == 1:
+            return ()  # one compute stage in the pool at a time (one train state resident)
+        if not pool:
             return ()
-        free = tuple(d for d in range(n) if b.count(d) == 0)
+        if self.max_train_states > 1:  # leave devices for the other pipelines' compute stages
+            others = sum(1 for p in view.pipelines if not p.finished and p.name != pv.name
+                         and not any(t.stage in COMPUTE for t in p.running))
+            pool = pool[:max(1, len(pool) // (1 + min(others, self.max_train_states - 1)))]
+        free = tuple(d for d in pool if b.count(d) == 0)
         mem_sub = view.cost.train_state_bytes(pv.model, max(1, len(free))) - \
             view.cost.train_state_bytes(pv.model, n) + \
             view.cost.activation_bytes(pv.model, MICRO_BATCH_TOKENS, max(1, len(free)))
         free_ok = free and all(b.mem_free[d] >= mem_sub + MEM_HEADROOM for d in free)
         share = self._compute_share_beside(view, b, pv)
         rate_shared = 1.0 / view.cost.slowdown("actor_update", share, model=pv.model)
-        act = view.cost.activation_bytes(pv.model, MICRO_BATCH_TOKENS, n)
-        shared_ok = all(b.mem_free[d] >= act for d in range(n))
-        if free_ok and (len(free) / n >= rate_shared or not shared_ok):
+        k = len(pool)
+        act = view.cost.activation_bytes(pv.model, MICRO_BATCH_TOKENS, k) + (
+            view.cost.train_state_bytes(pv.model, k) - view.cost.train_state_bytes(pv.model, n))
+        shared_ok = all(b.mem_free[d] >= act for d in pool)
+        if free_ok and (len(free) / len(pool) >= rate_shared or not shared_ok):
             return free
-        return tuple(range(n)) if shared_ok else ()
+        return pool if shared_ok else ()
 
     def _compute_share_beside(self, view: View, b: Board, pv: PipelineView) -> float:
         mems = max((sum(1 for t in b.dev[d] if b.kind[t] == "memory") for d in range(len(b.dev))),

@@ -505,9 +505,7 @@ class RayExecutor:
         assert ro is not None and rank is not None
         rank.inflight = None
         g = self._pipes[ro.pipeline].spec.group_size
-        decoding = max(rank.decoding, res["decoding"]) if res["tokens"] else 0
-        self._span(call, rollout_band(decoding), res, rank.index)
-        rank.decoding = res["decoding"]
+        self._span(call, rollout_band(res["width"] if res["tokens"] else 0), res, rank.index)
         t_end = self._t(res["t_end"])
         for traj, version in zip(res["trajectories"], res["versions"], strict=True):
             prompt, sample = request_index(traj.request_id)

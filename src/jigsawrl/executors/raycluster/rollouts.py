@@ -66,7 +66,6 @@ class RankRT:
     migrate_to: int | None = None  # a source rank of a migration: stops after this slice
     force_reload: bool = False  # AReaL interrupt: reload weights at the next slice
     unfinished: int = -1  # last reported
-    decoding: int = 0
 
     @property
     def device(self) -> int:

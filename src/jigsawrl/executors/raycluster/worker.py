@@ -189,6 +189,9 @@ class DeviceWorker:
                "ctx_tokens": rk.session.ctx_tokens(), "next_ready_s": rk.session.next_ready_s,
                "tokens": (stats1.prefill_tokens - stats0.prefill_tokens
                           + stats1.decode_tokens - stats0.decode_tokens),
+               # mean decode width of the slice's iterations: what names its band
+               "width": round((stats1.decode_tokens - stats0.decode_tokens)
+                              / max(1, stats1.iterations - stats0.iterations)),
                "t_start": t_start, "t_end": _now(), "threads": threads}
         if rk.session.done():
             del self.ranks[key]
