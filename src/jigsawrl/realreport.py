@@ -125,25 +125,26 @@ def plot_reward_curves(path: Path, summary: Mapping[str, Any]) -> Path | None:
 
 
 def bench_table(result: BenchRealResult) -> Table:
-    """Two rows per policy: measured, then the simulator's prediction (with its error) of
-    throughput, makespan, busy fraction and latency vs alone; ×verl is measured."""
+    """Two rows per policy: measured, then the simulator's prediction of the same run (its
+    largest error in the last column); ×verl is measured."""
     runs = result.summaries
     base = runs.get(result.compare.baseline, {}).get("throughput_tokens_per_s")
     table = Table(title=f"bench real: {result.config.name}, {len(result.config.pipelines)} "
                   f"pipelines on {result.config.cluster.num_devices} CPU devices",
-                  caption="each policy: measured row, then predicted (error vs measured)",
+                  caption="each policy: measured, then predicted; smp/s = samples/s, span = "
+                  "makespan, err = largest |error| of step latency / throughput",
                   box=box.SIMPLE_HEAD)
-    for col in ("policy", "tokens/s", f"×{result.compare.baseline}", "samples/s",
-                "makespan s", "busy", "×alone"):
+    for col in ("policy", "tok/s", f"×{result.compare.baseline}", "smp/s", "span s", "busy",
+                "×alone", "err"):
         table.add_column(col, justify="left" if col == "policy" else "right", no_wrap=True)
     for policy, s in runs.items():
         tp = s.get("throughput_tokens_per_s")
-        label = f"{policy} = {s['variant']}" if s.get("variant") else policy
+        label = f"{policy}={s['variant']}" if s.get("variant") else policy
         table.add_row(label, _f(tp, ",.0f"), _f(tp / base if tp and base else None, ".2f", "×"),
                       _f(samples_per_s(s), ".1f"), _f(s.get("makespan_s"), ".1f"),
                       _f(s.get("busy_fraction"), ".0%"),
-                      _f(s.get("mean_latency_vs_solo"), ".2f", "×"))
-        cal = result.calibrations.get(s.get("variant") or policy)
+                      _f(s.get("mean_latency_vs_solo"), ".2f", "×"), "")
+        cal = result.calibrations.get(policy)
         if cal is None or s.get("variant"):
             continue
         pool, pred = cal.pool, s.get("predicted") or {}
@@ -151,35 +152,38 @@ def bench_table(result: BenchRealResult) -> Table:
                       _pred(pool.get("samples_per_s"), ".1f"),
                       _pred(pool.get("makespan_s"), ".1f"),
                       _pred(pool.get("busy_fraction"), ".0%"),
-                      _f(pred.get("mean_latency_vs_solo"), ".2f", "×"), style="dim")
+                      _f(pred.get("mean_latency_vs_solo"), ".2f", "×"),
+                      _f(cal.max_abs_rel_error, ".0%"), style="dim")
     return table
 
 
 def _pred(c: Compared | None, spec: str) -> str:
-    if c is None or c.predicted is None:
-        return DASH
-    err = c.rel_error
-    return _f(c.predicted, spec) + ("" if err is None else f" ({err:+.0%})")
+    return DASH if c is None or c.predicted is None else _f(c.predicted, spec)
 
 
 def bench_pipeline_table(result: BenchRealResult) -> Table:
-    """Per pipeline and policy: mean step latency measured (predicted) and its ratio to alone."""
+    """Per pipeline: mean step latency under each policy, measured (×alone), then predicted
+    (error)."""
     runs = {p: s for p, s in result.summaries.items() if not s.get("variant")}
-    table = Table(title="mean step latency, s: measured (predicted, error) ×alone",
+    table = Table(title="mean step latency, s: measured ×alone, then predicted (error)",
                   box=box.SIMPLE_HEAD)
-    table.add_column("pipeline")
+    table.add_column("pipeline", no_wrap=True)
     table.add_column("alone s", justify="right")
     for policy in runs:
-        table.add_column(policy, justify="right")
+        table.add_column(policy, justify="right", no_wrap=True)
     for p in result.config.pipelines:
-        cells = []
+        measured, predicted = [], []
         for policy, s in runs.items():
+            row = next((q for q in s["pipelines"] if q["name"] == p.name), {})
+            measured.append(f"{_f(row.get('mean_step_latency_s'))} "
+                            f"{_f(row.get('latency_vs_solo'), '.2f', '×')}")
             cal = result.calibrations.get(policy)
             c = cal.pipelines.get(p.name, {}).get("step_latency_s") if cal else None
-            row = next((q for q in s["pipelines"] if q["name"] == p.name), {})
-            c = c or _only(row, "mean_step_latency_s")
-            cells.append(f"{pair(c)} {_f(row.get('latency_vs_solo'), '.2f', '×')}")
-        table.add_row(p.name, _f(result.alone_s.get(p.name)), *cells)
+            err = c.rel_error if c else None
+            predicted.append(DASH if c is None or c.predicted is None else
+                             f"{_f(c.predicted)}" + ("" if err is None else f" ({err:+.0%})"))
+        table.add_row(p.name, _f(result.alone_s.get(p.name)), *measured)
+        table.add_row("  predicted", "", *predicted, style="dim")
     return table
 
 
