@@ -40,16 +40,6 @@ def _f(v: float | None, spec: str = ",.2f", suffix: str = "") -> str:
     return DASH if v is None else f"{v:{spec}}{suffix}"
 
 
-def pair(c: Compared | None, spec: str = ",.2f", suffix: str = "") -> str:
-    """``measured (predicted, ±error)`` for one table cell."""
-    if c is None:
-        return DASH
-    err = c.rel_error
-    tail = "" if err is None else f", {err:+.0%}"
-    pred = "" if c.predicted is None else f" ({_f(c.predicted, spec, suffix)}{tail})"
-    return f"{_f(c.measured, spec, suffix)}{pred}"
-
-
 def error_note(cal: Calibration | None) -> str:
     """One line on how far the prediction is from the measurement, against the 10% aim."""
     if cal is None:
@@ -63,27 +53,38 @@ def error_note(cal: Calibration | None) -> str:
 
 
 def run_table(summary: Mapping[str, Any], cal: Calibration | None) -> Table:
-    """One real run, per pipeline: measured (predicted) step latency, tokens/s and steps."""
+    """One real run, per pipeline: measured step latency, tokens/s and rewards, then (dim) the
+    simulator's prediction of the same run with its error."""
+    span = cal.pool["makespan_s"] if cal else _only(summary, "makespan_s")
     title = (f"{summary.get('name')} under {summary.get('policy')}: makespan "
-             f"{pair(cal.pool['makespan_s'] if cal else _only(summary, 'makespan_s'), '.1f')} s")
-    table = Table(title=title, caption="measured (predicted by the simulator, error)",
+             f"{_f(span.measured, '.1f')} s (predicted {_pred_err(span, '.1f')})")
+    table = Table(title=title, caption="each pipeline: measured, then predicted (error)",
                   box=box.SIMPLE_HEAD)
     for col in ("pipeline", "steps", "s/step", "tokens/s", "reward first → last"):
-        table.add_column(col, justify="left" if col == "pipeline" else "right")
+        table.add_column(col, justify="left" if col == "pipeline" else "right", no_wrap=True)
     curves = reward_curves(summary)
-    for p in summary.get("pipelines", []):
-        c = cal.pipelines.get(p["name"], {}) if cal else {}
-        curve = curves.get(p["name"], [])
-        table.add_row(p["name"], str(p.get("steps")),
-                      pair(c.get("step_latency_s") or _only(p, "mean_step_latency_s")),
-                      pair(c.get("tokens_per_s") or _only(p, "tokens_per_s"), ",.0f"),
-                      f"{curve[0]:.3f} → {curve[-1]:.3f}" if curve else DASH)
+    rows = [(p["name"], str(p.get("steps")), p, cal.pipelines.get(p["name"], {}) if cal else {})
+            for p in summary.get("pipelines", [])]
     pool = cal.pool if cal else {}
-    table.add_row("all", str(summary.get("steps")), DASH,
-                  pair(pool.get("throughput_tokens_per_s")
-                       or _only(summary, "throughput_tokens_per_s"), ",.0f"), DASH,
-                  style="bold")
+    rows.append(("all", str(summary.get("steps")), {"tokens_per_s": summary.get(
+        "throughput_tokens_per_s")}, {"tokens_per_s": pool.get("throughput_tokens_per_s")}))
+    for name, steps, p, c in rows:
+        curve = curves.get(name, [])
+        table.add_row(name, steps, _f(p.get("mean_step_latency_s")),
+                      _f(p.get("tokens_per_s"), ",.0f"),
+                      f"{curve[0]:.3f} → {curve[-1]:.3f}" if curve else DASH,
+                      style="bold" if name == "all" else None)
+        if cal is not None:
+            table.add_row("  predicted", "", _pred_err(c.get("step_latency_s"), ".2f"),
+                          _pred_err(c.get("tokens_per_s"), ",.0f"), "", style="dim")
     return table
+
+
+def _pred_err(c: Compared | None, spec: str) -> str:
+    if c is None or c.predicted is None:
+        return DASH
+    err = c.rel_error
+    return _f(c.predicted, spec) + ("" if err is None else f" ({err:+.0%})")
 
 
 def _only(d: Mapping[str, Any], key: str) -> Compared:

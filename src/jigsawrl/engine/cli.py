@@ -109,7 +109,8 @@ def _print_ray_result(console: Console, summary: dict[str, Any], cal: Any,
 
     console.print(summary_table(summary))
     console.print(run_table(summary, cal))
-    console.print(error_note(cal) + ("" if cal is None else f" (cost model: {cal.cost_source})"),
+    source = "" if cal is None else cal.cost_source.split(" (measured")[0]
+    console.print(error_note(cal) + (f"; cost model: {source}" if source else ""),
                   highlight=False)
     for line in cal.notes if cal is not None else []:
         console.print(f"- {line}", highlight=False)
