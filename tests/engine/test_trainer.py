@@ -156,3 +156,26 @@ def test_on_policy_shortcut_gives_the_same_step() -> None:
         params.append([p.detach().clone() for p in model.parameters()])
     for a, b in zip(*params, strict=True):
         assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_data_parallel_update_equals_the_whole_batch_step() -> None:
+    """Shards' gradients (computed on copies, as Ray workers do) summed into one optimizer
+    step give the same parameters and metrics as the whole batch in one process."""
+    import copy
+
+    from jigsawrl.engine.trainer import shard_grads
+
+    cfg = GRPOConfig(lr=1e-2, micro_batch_size=1)
+    whole = GRPOTrainer(_TinyLM(), cfg)
+    batch = _batch()
+    batch.old_logprobs = whole.old_logprobs(batch)
+    total = float(batch.loss_mask.sum())
+    dp = GRPOTrainer(copy.deepcopy(whole.model), cfg)
+    want = whole.update(batch)
+    (a0, a1), (b0, b1) = (0, 2), (2, 4)
+    helper = copy.deepcopy(dp.model)
+    other = shard_grads(helper, batch.slice(b0, b1), total, cfg)
+    got = dp.update_data_parallel(batch.slice(a0, a1), total, lambda: [other])
+    for p, q in zip(whole.model.parameters(), dp.model.parameters(), strict=True):
+        assert torch.allclose(p, q, atol=1e-6)
+    assert got == pytest.approx(want, rel=1e-5, abs=1e-7)

@@ -181,6 +181,10 @@ def test_dp_rollout_migrates_long_tail(shared_ray: Any, cache: Path) -> None:
     check_run(summary, events, {"arithmetic": 1}, batch=4)
     ranks = {s.rank for s in events if isinstance(s, Span) and s.stage.startswith("decode")}
     assert ranks == {0, 1}
+    # the update ran data-parallel over both devices' workers
+    assert {s.devices for s in events if isinstance(s, Span)
+            and s.stage == "actor_update"} == {(0,), (1,)}
+    assert summary["pipeline_metrics"]["arithmetic"][0]["actor/entropy"] > 0
 
 
 def test_killed_worker_requests_resume_elsewhere(shared_ray: Any, cache: Path) -> None:

@@ -12,6 +12,7 @@ from jigsawrl.executors.raycluster.rollouts import (  # noqa: E402
     RolloutRT,
     dispatch,
     request_index,
+    shard_bounds,
 )
 
 
@@ -49,3 +50,8 @@ def test_ownership_moves_and_results_are_ordered_once() -> None:
 @pytest.mark.parametrize(("rid", "want"), [("calc/3/2/1", (2, 1)), ("a/b/0/5/0", (5, 0))])
 def test_request_index(rid: str, want: tuple[int, int]) -> None:
     assert request_index(rid) == want
+
+
+def test_shard_bounds_cover_rows_once() -> None:
+    assert shard_bounds(5, 2) == [(0, 3), (3, 5)]
+    assert shard_bounds(8, 3) == [(0, 3), (3, 6), (6, 8)]

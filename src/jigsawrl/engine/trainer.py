@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 import torch
@@ -191,6 +191,51 @@ def compute_logprobs(model: nn.Module, batch: TrainBatch, micro_batch_size: int)
     return out
 
 
+@dataclass
+class ShardGrads:
+    """The gradients (one per trainable parameter, in ``parameters()`` order; None where a
+    parameter got none) and the loss sums of one data-parallel shard of an update."""
+
+    grads: list[Tensor | None]
+    sums: dict[str, float]
+
+
+def accumulate_grads(model: nn.Module, batch: TrainBatch, total_tokens: float,
+                     cfg: GRPOConfig) -> dict[str, float]:
+    """Forward/backward ``batch`` in micro-batches, adding to ``.grad``; the loss is a token mean
+    over ``total_tokens`` (the whole step's, so shards add up to the full batch's gradient)."""
+    sums = {"pg": 0.0, "kl": 0.0, "ent": 0.0, "clip": 0.0, "ppo_kl": 0.0}
+    for mb in batch.micro_batches(cfg.micro_batch_size):
+        logits = _forward_logits(model, mb)
+        logp = token_logprobs_from_logits(logits, mb.input_ids)
+        old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
+        pg_tok, clipped = ppo_clip_token_loss(logp, old, mb.advantages, cfg.clip_eps)
+        pg = masked_sum(pg_tok, mb.loss_mask) / total_tokens
+        loss = pg
+        if cfg.kl_coef > 0 and mb.ref_logprobs is not None:
+            kl = masked_sum(kl_k3(logp, mb.ref_logprobs), mb.loss_mask) / total_tokens
+            loss = loss + cfg.kl_coef * kl
+            sums["kl"] += float(kl.item())
+        loss.backward()
+        with torch.no_grad():
+            sums["pg"] += float(pg.item())
+            sums["ent"] += float(masked_sum(entropy_from_logits(logits), mb.loss_mask))
+            sums["clip"] += float(masked_sum(clipped, mb.loss_mask))
+            sums["ppo_kl"] += float(masked_sum(old - logp, mb.loss_mask))
+    return sums
+
+
+def shard_grads(model: nn.Module, batch: TrainBatch, total_tokens: float,
+                cfg: GRPOConfig) -> ShardGrads:
+    """The gradients of one shard of an update (a data-parallel helper's part)."""
+    model.train()
+    model.zero_grad(set_to_none=True)
+    sums = accumulate_grads(model, batch, total_tokens, cfg)
+    grads = [None if p.grad is None else p.grad.detach().clone()
+             for p in model.parameters() if p.requires_grad]
+    return ShardGrads(grads, sums)
+
+
 # --------------------------------------------------------------------------- trainer
 
 
@@ -269,27 +314,21 @@ class GRPOTrainer:
             metrics = self._one_epoch(batch, total_tokens)
         return metrics
 
-    def _one_epoch(self, batch: TrainBatch, total_tokens: float) -> dict[str, float]:
+    def _one_epoch(self, batch: TrainBatch, total_tokens: float,
+                   more: Callable[[], list[ShardGrads]] | None = None) -> dict[str, float]:
+        """One optimizer step over ``batch``; ``more`` returns the gradients of the other
+        data-parallel shards of the same step (computed elsewhere, same ``total_tokens``),
+        called after this shard's backward so both overlap."""
         cfg = self.config
         self.optimizer.zero_grad(set_to_none=True)
-        sums = {"pg": 0.0, "kl": 0.0, "ent": 0.0, "clip": 0.0, "ppo_kl": 0.0}
-        for mb in batch.micro_batches(cfg.micro_batch_size):
-            logits = _forward_logits(self.model, mb)
-            logp = token_logprobs_from_logits(logits, mb.input_ids)
-            old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
-            pg_tok, clipped = ppo_clip_token_loss(logp, old, mb.advantages, cfg.clip_eps)
-            pg = masked_sum(pg_tok, mb.loss_mask) / total_tokens
-            loss = pg
-            if cfg.kl_coef > 0 and mb.ref_logprobs is not None:
-                kl = masked_sum(kl_k3(logp, mb.ref_logprobs), mb.loss_mask) / total_tokens
-                loss = loss + cfg.kl_coef * kl
-                sums["kl"] += float(kl.item())
-            loss.backward()
-            with torch.no_grad():
-                sums["pg"] += float(pg.item())
-                sums["ent"] += float(masked_sum(entropy_from_logits(logits), mb.loss_mask))
-                sums["clip"] += float(masked_sum(clipped, mb.loss_mask))
-                sums["ppo_kl"] += float(masked_sum(old - logp, mb.loss_mask))
+        sums = accumulate_grads(self.model, batch, total_tokens, cfg)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        for other in (more() if more is not None else []):
+            for p, g in zip(params, other.grads, strict=True):
+                if g is not None:
+                    p.grad = g.clone() if p.grad is None else p.grad.add_(g)
+            for k, v in other.sums.items():
+                sums[k] += v
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
         if math.isfinite(float(grad_norm)):
             self.optimizer.step()
@@ -301,6 +340,18 @@ class GRPOTrainer:
                 "actor/pg_clipfrac": sums["clip"] / total_tokens,
                 "actor/ppo_kl": sums["ppo_kl"] / total_tokens}
 
+    def update_data_parallel(self, batch: TrainBatch, total_tokens: float,
+                             more: Callable[[], list[ShardGrads]]) -> dict[str, float]:
+        """One PPO epoch over this shard plus the shards whose gradients ``more`` returns
+        (:func:`shard_grads` elsewhere): the same optimizer step as :meth:`update` on the whole
+        batch, up to float summation order. Needs ``ppo_epochs == 1``."""
+        if self.config.ppo_epochs != 1:
+            raise ValueError("a data-parallel update needs ppo_epochs == 1")
+        if batch.old_logprobs is None and not self.on_policy_shortcut:
+            raise ValueError("compute old_logprobs before update()")
+        self.model.train()
+        return self._one_epoch(batch, total_tokens, more)
+
     def state_dict(self) -> dict[str, object]:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
 
@@ -309,6 +360,7 @@ class GRPOTrainer:
         self.optimizer.load_state_dict(state["optimizer"])  # type: ignore[arg-type]
 
 
-__all__ = ["GRPOConfig", "GRPOTrainer", "TrainBatch", "build_batch", "compute_logprobs",
+__all__ = ["GRPOConfig", "GRPOTrainer", "ShardGrads", "TrainBatch", "accumulate_grads",
+           "build_batch", "compute_logprobs", "shard_grads",
            "entropy_from_logits", "group_advantages", "kl_k3", "ppo_clip_token_loss",
            "token_logprobs_from_logits"]

@@ -44,7 +44,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +53,13 @@ import ray
 from jigsawrl.driver.protocol import Notification, RankProgress, TaskDone, TaskFailed
 from jigsawrl.events import Event, SampleFinished, Span
 from jigsawrl.executors.raycluster.placement import Reservation, connect
-from jigsawrl.executors.raycluster.rollouts import RankRT, RolloutRT, dispatch, request_index
+from jigsawrl.executors.raycluster.rollouts import (
+    RankRT,
+    RolloutRT,
+    dispatch,
+    request_index,
+    shard_bounds,
+)
 from jigsawrl.executors.raycluster.worker import DeviceActor, RewardActor
 from jigsawrl.scheduler.base import (
     ROLLOUT,
@@ -140,6 +146,8 @@ class RayExecutor:
         offsets: pipeline -> steps already done (resume: each restores its latest checkpoint).
         device_mem_bytes: per-device memory budget for train states (default: the accelerator's).
         chunk_s: a rollout rank's time slice.
+        data_parallel: split log-prob and update stages over their devices' workers (False:
+            one worker with all the devices' threads).
     """
 
     def __init__(self, exp: Experiment, *, address: str | None = None, threads_per_device: int = 1,
@@ -147,7 +155,8 @@ class RayExecutor:
                  reward_fns: Mapping[str, Callable[[str, Any], float]] | None = None,
                  strict_rewards: bool = True, num_cpus: int | None = None,
                  ckpt_dir: Path | None = None, offsets: Mapping[str, int] | None = None,
-                 device_mem_bytes: float | None = None, chunk_s: float = CHUNK_S) -> None:
+                 device_mem_bytes: float | None = None, chunk_s: float = CHUNK_S,
+                 data_parallel: bool = True) -> None:
         if threads_per_device < 1:
             raise ValueError(f"threads_per_device must be >= 1, got {threads_per_device}")
         if chunk_s <= 0:
@@ -163,6 +172,7 @@ class RayExecutor:
         self.offsets = dict(offsets or {})
         self.mem_budget = float(device_mem_bytes or exp.accelerator.hbm_bytes)
         self.chunk_s = chunk_s
+        self.data_parallel = data_parallel
         self.startup_s = 0.0
         self.moves: list[dict[str, Any]] = []  # measured offload/onload: bytes, seconds
         self.replaced_devices: list[int] = []
@@ -328,13 +338,46 @@ class RayExecutor:
                                ro.tid, ro, rank))
 
     def _launch_train(self, pipe: _Pipe, a: StartStage, tid: str) -> None:
+        """A compute stage: on the train-state holder, data-parallel over the stage's other
+        devices when the stage allows it (:meth:`_dp_devices`)."""
         target = pipe.loc if pipe.loc in a.devices else (a.devices[0] if a.devices else 0)
         state = self._move_state_to(pipe, target)
-        threads = self.threads_for(a.share, max(1, len(a.devices)))
-        ref = self._devs[target].actor.train_stage.remote(
-            pipe.name, a.stage, a.step, threads, state, pipe.trajs[a.step],
-            pipe.rewards[a.step])
-        self._track(ref, _Call("stage", pipe.name, a.step, a.stage, (target,), a.share, tid))
+        actor = self._devs[target].actor
+        trajs, rewards = pipe.trajs[a.step], pipe.rewards[a.step]
+        others = self._dp_devices(pipe, a.stage, a.devices, target)
+        threads = self.threads_for(a.share, 1 if others else max(1, len(a.devices)))
+        helpers, bounds = None, None
+        if others:
+            n = pipe.spec.batch_size * pipe.spec.group_size
+            bounds = shard_bounds(n, 1 + len(others))
+            _, payload = actor.dp_export.options(num_returns=2).remote(
+                pipe.name, a.stage, a.step, state, trajs, rewards)
+            state = None  # dp_export onloaded it
+            helpers = [[self._devs[d].actor.dp_shard.remote(pipe.name, a.stage, lo, hi,
+                                                            threads, payload)
+                        for d, (lo, hi) in zip(others, bounds[1:], strict=True)]]
+        ref = actor.train_stage.remote(pipe.name, a.stage, a.step, threads, state, trajs,
+                                       rewards, helpers, bounds)
+        self._track(ref, _Call("stage", pipe.name, a.step, a.stage, (target,), a.share, tid,
+                               extra=others))
+
+    def _dp_devices(self, pipe: _Pipe, stage: str, devices: tuple[int, ...],
+                    target: int) -> tuple[int, ...]:
+        """The helpers of a data-parallel stage: the stage's devices other than ``target`` (at
+        most one shard per request row), or () where data parallelism does not apply: an update
+        with several PPO epochs, old log-probs skipped by the on-policy shortcut, reference
+        log-probs without a reference (those run on the holder alone)."""
+        tr = pipe.spec.train
+        if len(devices) < 2 or not self.data_parallel:
+            return ()
+        if stage == "actor_update" and tr.ppo_epochs != 1:
+            return ()
+        if stage == "old_logprob" and not tr.recompute_old_logprobs and tr.ppo_epochs == 1:
+            return ()
+        if stage == "ref_logprob" and tr.kl_coef <= 0:
+            return ()
+        rows = pipe.spec.batch_size * pipe.spec.group_size
+        return tuple(d for d in devices if d != target)[:max(0, rows - 1)]
 
     def _launch_sync(self, pipe: _Pipe, a: StartStage, tid: str) -> None:
         done = pipe.offset + a.step + 1
@@ -545,6 +588,10 @@ class RayExecutor:
     def _stage_done(self, call: _Call, res: dict[str, Any]) -> None:
         pipe = self._pipes[call.pipeline]
         self._span(call, call.stage, res)
+        if call.stage in TRAIN_STAGES:  # data-parallel helpers: a span on each one's device
+            for rank, (dev, helper) in enumerate(zip(call.extra or (), res.get("helpers", ()),
+                                                     strict=False), start=1):
+                self._span(replace(call, devices=(dev,)), call.stage, helper, rank)
         absolute = pipe.offset + call.step
         if call.stage == "reward":
             scores = res["rewards"]

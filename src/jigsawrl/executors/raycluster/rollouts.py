@@ -119,3 +119,15 @@ def request_index(request_id: str) -> tuple[int, int]:
     """``(prompt, sample)`` of a request id ``"{pipeline}/{step}/{prompt}/{sample}"``."""
     parts = request_id.rsplit("/", 2)
     return int(parts[1]), int(parts[2])
+
+
+def shard_bounds(num_rows: int, num_shards: int) -> list[tuple[int, int]]:
+    """Contiguous ``(start, stop)`` row ranges of ``num_shards`` near-equal shards (the rows of
+    a data-parallel log-prob or update stage, one shard per worker)."""
+    base, extra = divmod(num_rows, num_shards)
+    out, start = [], 0
+    for i in range(num_shards):
+        stop = start + base + (1 if i < extra else 0)
+        out.append((start, stop))
+        start = stop
+    return out

@@ -87,6 +87,7 @@ class DeviceWorker:
         self.weights: dict[str, tuple[int, Any]] = {}  # name -> newest (version, weights) here
         self.ranks: dict[tuple[str, int, int], _Rank] = {}
         self.data: dict[str, dict[int, Any]] = {}  # name -> step -> StepData (train side)
+        self.dp_models: dict[str, Any] = {}  # name -> model of data-parallel helper calls
 
     # ------------------------------------------------------------------ lifecycle
     def ready(self) -> dict[str, Any]:
@@ -241,21 +242,10 @@ class DeviceWorker:
         state = {"train": pipe.export_train_state(), "steps": self.data.pop(name, {})}
         return {"t_start": t_start, "t_end": _now(), "bytes": _state_bytes(state)}, state
 
-    def train_stage(self, name: str, stage: str, step: int, threads: int, state: Any,
-                    trajectories: Any, rewards: Any) -> dict[str, Any]:
-        """Run ``old_logprob`` / ``ref_logprob`` / ``actor_update`` of ``step``.
-
-        ``state`` (train state from the host) is onloaded first when given; ``trajectories``
-        and ``rewards`` (the reward worker's result) build the step's batch on first use.
-        """
-        import torch
-
+    def _step_data(self, name: str, step: int, trajectories: Any, rewards: Any) -> Any:
+        """The step's batch on this device's train state, built on first use."""
         from jigsawrl.engine.pipeline import StepData
 
-        torch.set_num_threads(max(1, threads))
-        t_start = _now()
-        if state is not None:
-            self.onload(name, state)
         pipe = self.pipes.get(name)
         if pipe is None or not pipe.has_trainer:
             raise RuntimeError(f"device {self.device}: the train state of {name!r} is not here")
@@ -264,14 +254,118 @@ class DeviceWorker:
         if data is None:
             data = steps[step] = StepData(step + self.offsets.get(name, 0), list(trajectories))
             pipe.prepare(data, rewards["rewards"], rewards["infos"])
-        method = {"old_logprob": pipe.old_logprob, "ref_logprob": pipe.ref_logprob,
-                  "actor_update": pipe.update}[stage]
-        result = method(data)
-        out: dict[str, Any] = {"t_start": t_start, "t_end": _now(), "threads": threads,
-                               "tokens": int(data.batch.attention_mask.sum()) if data.batch
-                               is not None else 0}
+        return data
+
+    def train_stage(self, name: str, stage: str, step: int, threads: int, state: Any,
+                    trajectories: Any, rewards: Any, helpers: list[list[Any]] | None = None,
+                    bounds: list[tuple[int, int]] | None = None) -> dict[str, Any]:
+        """Run ``old_logprob`` / ``ref_logprob`` / ``actor_update`` of ``step``.
+
+        ``state`` (train state from the host) is onloaded first when given; ``trajectories``
+        and ``rewards`` (the reward worker's result) build the step's batch on first use. With
+        ``helpers`` (``[[ObjectRef, ...]]``: :meth:`dp_shard` calls on the stage's other devices,
+        rows ``bounds[1:]``), this device computes rows ``bounds[0]`` and combines: log-probs
+        are gathered, gradients summed into one optimizer step (data parallelism).
+        """
+        import torch
+
+        torch.set_num_threads(max(1, threads))
+        t_start = _now()
+        if state is not None:
+            self.onload(name, state)
+        data = self._step_data(name, step, trajectories, rewards)
+        pipe = self.pipes[name]
+        out: dict[str, Any] = {"threads": threads,
+                               "tokens": int(data.batch.attention_mask.sum())}
+        if helpers and bounds:
+            result, out["helpers"] = self._data_parallel(pipe, stage, data, helpers[0], bounds)
+        else:
+            method = {"old_logprob": pipe.old_logprob, "ref_logprob": pipe.ref_logprob,
+                      "actor_update": pipe.update}[stage]
+            result = method(data)
         if stage == "actor_update":
             out["metrics"] = dict(result)
+        out.update(t_start=t_start, t_end=_now())
+        return out
+
+    def _data_parallel(self, pipe: Any, stage: str, data: Any, helpers: list[Any],
+                       bounds: list[tuple[int, int]]) -> tuple[Any, list[dict[str, Any]]]:
+        """This device's shard plus the helpers' (see :meth:`train_stage`); returns the
+        stage's result and the helpers' timings (``t_start``, ``t_end``, ``tokens``)."""
+        import torch
+
+        from jigsawrl.engine.trainer import compute_logprobs
+
+        batch, trainer = data.batch, pipe.trainer
+        own = batch.slice(*bounds[0])
+        got: list[dict[str, Any]] = []
+
+        def fetch() -> list[dict[str, Any]]:
+            got.extend(ray.get(helpers))
+            return got
+
+        timings = lambda: [{k: r[k] for k in ("t_start", "t_end", "tokens")}  # noqa: E731
+                           for r in got]
+        if stage == "actor_update":
+            total = float(batch.loss_mask.sum())
+            metrics = trainer.update_data_parallel(own, total,
+                                                   lambda: [r["grads"] for r in fetch()])
+            data.metrics.update(metrics)
+            return metrics, timings()
+        model = trainer.ref_model if stage == "ref_logprob" else trainer.model
+        parts = [compute_logprobs(model, own, trainer.config.micro_batch_size)]
+        parts += [r["logprobs"] for r in fetch()]
+        full = torch.zeros(batch.loss_mask.shape, dtype=torch.float32)
+        for (start, stop), lp in zip(bounds, parts, strict=True):
+            full[start:stop, : lp.shape[1]] = lp
+        if stage == "ref_logprob":
+            batch.ref_logprobs = full
+        else:
+            batch.old_logprobs = full
+        return None, timings()
+
+    def dp_export(self, name: str, stage: str, step: int, state: Any, trajectories: Any,
+                  rewards: Any) -> tuple[dict[str, Any], Any]:
+        """What the data-parallel helpers of a stage need: the model's weights (the actor, or
+        the reference for ``ref_logprob``), the step's batch and the trainer config.
+
+        Returns ``(info, payload)`` (call with ``num_returns=2``)."""
+        t_start = _now()
+        if state is not None:
+            self.onload(name, state)
+        data = self._step_data(name, step, trajectories, rewards)
+        trainer = self.pipes[name].trainer
+        model = trainer.ref_model if stage == "ref_logprob" else trainer.model
+        payload = {"weights": {k: v.detach().clone() for k, v in model.state_dict().items()},
+                   "batch": data.batch, "config": trainer.config}
+        return {"t_start": t_start, "t_end": _now()}, payload
+
+    def dp_shard(self, name: str, stage: str, start: int, stop: int, threads: int,
+                 payload: dict[str, Any]) -> dict[str, Any]:
+        """A data-parallel helper's part of a stage: rows ``start:stop`` of the payload's batch
+        (log-probs, or the update's gradients over the whole batch's token count)."""
+        import torch
+
+        from jigsawrl.engine.trainer import compute_logprobs, shard_grads
+
+        torch.set_num_threads(max(1, threads))
+        t_start = _now()
+        model = self.dp_models.get(name)
+        if model is None:
+            from jigsawrl.engine.pipeline import build_model_and_tokenizer
+
+            model = self.dp_models[name] = build_model_and_tokenizer(
+                self.specs[name].model, self.seed)[0]
+        model.load_state_dict(payload["weights"])
+        batch, cfg = payload["batch"], payload["config"]
+        shard = batch.slice(start, stop)
+        out: dict[str, Any] = {}
+        if stage == "actor_update":
+            out["grads"] = shard_grads(model, shard, float(batch.loss_mask.sum()), cfg)
+        else:
+            out["logprobs"] = compute_logprobs(model, shard, cfg.micro_batch_size)
+        out.update(t_start=t_start, t_end=_now(),
+                   tokens=int(shard.attention_mask.sum()))
         return out
 
     def publish(self, name: str, step: int, state: Any, ckpt_root: str | None,
