@@ -315,10 +315,11 @@ def simulate_replay(exp: Experiment, policy: str, truth: CostModel, *,
     from jigsawrl.driver.loop import Driver
     from jigsawrl.executors.simulated import SimulatedExecutor
     from jigsawrl.scheduler import get_policy
+    from jigsawrl.scheduler.base import params_for
 
     cfg = exp.config
     pol = get_policy(policy, dict(params) if params is not None else (
-        cfg.scheduler.params if policy == cfg.scheduler.name else {}))
+        params_for(cfg.scheduler.name, cfg.scheduler.params, policy)))
     belief = CostModel(exp.accelerator, params=CostParams(
         devices_per_node=cfg.cluster.accelerators_per_node))
     executor = SimulatedExecutor(exp, truth_cost=truth, seed=cfg.seed)
@@ -368,8 +369,7 @@ def calibrate(cfg: ExperimentConfig, events: Sequence[Event], policy: str, *,
     Args:
         cfg: the real run's config (``cluster.accelerator: cpu-worker``).
         events: the real run's events.
-        policy: the policy it ran under (its params are ``cfg.scheduler.params`` when the name
-            is ``cfg.scheduler.name``).
+        policy: the policy it ran under (its params: ``scheduler.base.params_for``).
         profile: a ``jigsawrl profile`` YAML; None = the built-in (unmeasured) preset.
         measured: the real run's summary (default: summarised from ``events``).
         exp: the resolved experiment (default: ``realrun.resolve_real(cfg)``; tests pass one to

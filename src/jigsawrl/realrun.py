@@ -158,6 +158,7 @@ def run_real(cfg: ExperimentConfig, *, policy: str | None = None, address: str |
     from jigsawrl.driver.loop import Driver
     from jigsawrl.executors.raycluster import RayExecutor
     from jigsawrl.scheduler import get_policy
+    from jigsawrl.scheduler.base import params_for
 
     t0 = time.monotonic()
     full_cfg = cfg
@@ -169,7 +170,7 @@ def run_real(cfg: ExperimentConfig, *, policy: str | None = None, address: str |
     cfg = left
     exp = resolve_real(cfg)
     name = policy or cfg.scheduler.name
-    pol = get_policy(name, cfg.scheduler.params if name == cfg.scheduler.name else {})
+    pol = get_policy(name, params_for(cfg.scheduler.name, cfg.scheduler.params, name))
     if len(getattr(pol, "variants", lambda: [pol])()) > 1:
         raise ConfigError(f"{name!r} compares several placements, one real run each",
                           where="scheduler.name", fix="use verl-split or verl-serial")

@@ -22,6 +22,7 @@ from jigsawrl.executors.simulated import SimulatedExecutor
 from jigsawrl.graph.bound import makespan_lower_bound
 from jigsawrl.metrics.summary import RunInfo, summarize
 from jigsawrl.scheduler import get_policy
+from jigsawrl.scheduler.base import params_for
 from jigsawrl.workload.resolve import Experiment, resolve
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ def simulate(cfg: ExperimentConfig, *, policy: str | None = None, seed: int | No
     exp = resolve(cfg)
     seed = cfg.seed if seed is None else seed
     name = policy or cfg.scheduler.name
-    params = cfg.scheduler.params if name == cfg.scheduler.name else {}
+    params = params_for(cfg.scheduler.name, cfg.scheduler.params, name)
     pol = get_policy(name, params)
     variants = pol.variants() if hasattr(pol, "variants") else [pol]
     best: tuple[float, str, DriverResult] | None = None

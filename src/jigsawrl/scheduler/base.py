@@ -40,6 +40,18 @@ def task_id(pipeline: str, step: int, stage: str) -> str:
     return f"{pipeline}/{step}/{stage}"
 
 
+JIGSAW_FAMILY = frozenset({"jigsaw", "greedy"})
+
+
+def params_for(configured: str, params: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """The parameters policy ``name`` runs with when the config's scheduler is ``configured``
+    with ``params``: its own, or none for another policy — except that ``jigsaw`` and ``greedy``
+    (jigsaw at depth 0) share them, so an ablation differs only in the look-ahead."""
+    if name == configured or {name, configured} <= JIGSAW_FAMILY:
+        return dict(params)
+    return {}
+
+
 # ---------------------------------------------------------------------------- actions
 
 @dataclass(frozen=True, slots=True)

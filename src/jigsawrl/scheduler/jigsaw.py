@@ -106,6 +106,7 @@ class JigsawPolicy(TailMigration):
         self._resident: dict[str, float] = {}
         self._tight = False  # memory-tight plan: engines also use the activations' room
         self._state: dict[str, str] = {}  # pipeline -> host | loading | device | unloading
+        self._last_compute: dict[str, tuple[int, ...]] = {}  # pipeline -> devices last used
 
     # ------------------------------------------------------------------ entry point
     def decide(self, view: View) -> Decision:
@@ -135,7 +136,8 @@ class JigsawPolicy(TailMigration):
                   for p in view.pipelines)
         longest = max(view.cost.kv_bytes(p.model, p.spec.max_response_tokens + 512,
                                          p.spec.rollout_tp) for p in view.pipelines)
-        base = hbm - max(self._resident.values()) - MEM_HEADROOM
+        states = sorted(self._resident.values(), reverse=True)[:self.max_train_states]
+        base = hbm - sum(states) - MEM_HEADROOM  # room for the train states onloaded at once
         self._kv_mem = (base - act) / self.max_colocated - weights
         if self._kv_mem < longest:
             # Memory-tight (large models): engines may use the activations' room too; a
@@ -170,8 +172,9 @@ class JigsawPolicy(TailMigration):
         for pv in view.pipelines:
             state = self._state.get(pv.name, "host")
             wants = any(stage in COMPUTE for _, stage in pv.ready())
-            if state == "device" and not wants and not any(t.stage in COMPUTE
-                                                           for t in pv.running):
+            keep = len(view.pipelines) <= self.max_train_states  # every state fits: stay
+            if state == "device" and not wants and not keep and not any(
+                    t.stage in COMPUTE for t in pv.running):
                 self._state[pv.name] = "unloading"
                 actions.append(StartStage(pv.name, pv.steps_completed, "offload", everything,
                                           share=0.0))
@@ -297,6 +300,7 @@ class JigsawPolicy(TailMigration):
         if best is None:
             return None
         pv, step, stage, devs = best
+        self._last_compute[pv.name] = devs
         tid = task_id(pv.name, step, stage)
         b.kind[tid], b.pipe[tid], b.stage[tid] = "compute", pv.name, stage
         for d in devs:
@@ -317,7 +321,9 @@ class JigsawPolicy(TailMigration):
         if self.max_train_states > 1:  # leave devices for the other pipelines' compute stages
             others = sum(1 for p in view.pipelines if not p.finished and p.name != pv.name
                          and not any(t.stage in COMPUTE for t in p.running))
-            pool = pool[:max(1, len(pool) // (1 + min(others, self.max_train_states - 1)))]
+            k = max(1, len(pool) // (1 + min(others, self.max_train_states - 1)))
+            last = self._last_compute.get(pv.name, ())  # stay where its state went last time
+            pool = tuple(sorted(sorted(pool, key=lambda d: (b.count(d), d not in last, d))[:k]))
         free = tuple(d for d in pool if b.count(d) == 0)
         mem_sub = view.cost.train_state_bytes(pv.model, max(1, len(free))) - \
             view.cost.train_state_bytes(pv.model, n) + \

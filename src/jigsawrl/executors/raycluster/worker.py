@@ -100,10 +100,33 @@ class DeviceWorker:
     def warm(self) -> float:
         """Build every pipeline's rollout-only copy now (imports torch, builds datasets), so
         that the run clock never includes a worker's start-up; returns the seconds it took."""
+        import torch
+
+        from jigsawrl.engine.pipeline import build_model_and_tokenizer
+
         t0 = time.perf_counter()
-        for name in self.specs:
-            self._pipe(name)
+        for name, spec in self.specs.items():
+            pipe = self._pipe(name)
+            self.dp_models.setdefault(name, build_model_and_tokenizer(spec.model, self.seed)[0])
+        # First uses in a process are slow (lazy imports, the autograd and optimizer code paths:
+        # ~0.4 s for the first onload in a fresh worker, measured); pay them here, once.
+        model = pipe.engine.model
+        opt = torch.optim.AdamW(model.parameters(), lr=0.0)
+        ids = torch.ones((1, 4), dtype=torch.long)
+        model.train()
+        model(input_ids=ids, use_cache=False).logits.float().sum().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        pipe.import_train_state({"model": model.state_dict(), "optimizer": opt.state_dict(),
+                                 "ref": None})
+        pipe.export_train_state()
+        model.eval()
         return time.perf_counter() - t0
+
+    def preload(self, name: str, version: int, weights: Any) -> None:
+        """Receive a pipeline's weights ahead of its first rollout here (start-up)."""
+        self.weights[name] = (version, weights["train"]["model"] if "train" in weights
+                              else weights)
 
     def _pipe(self, name: str) -> Any:
         """The pipeline's rollout-only copy here, built on first use."""
@@ -181,6 +204,7 @@ class DeviceWorker:
                 rk.session.add_exported(item)
                 rk.versions[item.state.request_id] = item_version
         engine = rk.session.engine
+        t_setup = _now()
         stats0 = engine.stats
         finished = rk.session.run(budget_s, idle_return=True)
         stats1 = engine.stats
@@ -193,7 +217,8 @@ class DeviceWorker:
                # mean decode width of the slice's iterations: what names its band
                "width": round((stats1.decode_tokens - stats0.decode_tokens)
                               / max(1, stats1.iterations - stats0.iterations)),
-               "t_start": t_start, "t_end": _now(), "threads": threads}
+               "t_start": t_start, "t_end": _now(), "threads": threads,
+               "setup_s": t_setup - t_start}
         if rk.session.done():
             del self.ranks[key]
         return out
