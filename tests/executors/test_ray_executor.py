@@ -198,6 +198,8 @@ def test_killed_worker_requests_resume_elsewhere(shared_ray: Any, cache: Path) -
 
 
 def test_async_pipeline_respects_staleness(shared_ray: Any, cache: Path) -> None:
+    """AReaL (interruptible rollouts) on an async pipeline: every sample of step k comes from
+    weights version k - 1 or k (max_staleness 1)."""
     cfg = tiny("areal", steps=3, pipelines=(0,),
                extra=("pipelines.0.mode=async", "pipelines.0.max_staleness=1",
                       "scheduler.params.placement=split", "scheduler.params.allocation=0"))
@@ -206,6 +208,20 @@ def test_async_pipeline_respects_staleness(shared_ray: Any, cache: Path) -> None
     for e in events:
         if isinstance(e, SampleFinished):
             assert e.step - 1 <= e.policy_version <= e.step, e
+
+
+def test_sync_and_async_pipelines_share_the_pool(shared_ray: Any, cache: Path) -> None:
+    """jigsaw multiplexes an async pipeline (staleness 1) and a sync one on the same devices:
+    the async one's samples are at most one version stale, the sync one's never."""
+    cfg = tiny("jigsaw", steps=3,
+               extra=("pipelines.0.mode=async", "pipelines.0.max_staleness=1",
+                      "scheduler.params.max_train_states=2"))
+    summary, events = run_real(cfg, cache_dir=cache)
+    check_run(summary, events, {"arithmetic": 3, "calculator": 3})
+    for e in events:
+        if isinstance(e, SampleFinished):
+            low = e.step - 1 if e.pipeline == "arithmetic" else e.step
+            assert low <= e.policy_version <= e.step, e
 
 
 def test_resume_continues_from_checkpoints(shared_ray: Any, cache: Path, tmp_path: Path) -> None:
