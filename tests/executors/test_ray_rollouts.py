@@ -55,3 +55,14 @@ def test_request_index(rid: str, want: tuple[int, int]) -> None:
 def test_shard_bounds_cover_rows_once() -> None:
     assert shard_bounds(5, 2) == [(0, 3), (3, 5)]
     assert shard_bounds(8, 3) == [(0, 3), (3, 6), (6, 8)]
+
+
+def test_unreachable_cluster_is_a_clear_error() -> None:
+    """--address where nobody listens: a ConfigError at once (Ray alone would retry for a
+    minute, then abort the process)."""
+    from jigsawrl.errors import ConfigError
+    from jigsawrl.executors.raycluster.placement import _check_reachable
+
+    with pytest.raises(ConfigError, match="no Ray cluster answers"):
+        _check_reachable("127.0.0.1:1")
+    _check_reachable("auto")  # left to Ray

@@ -47,8 +47,32 @@ def connect(address: str | None, num_devices: int, num_cpus: int | None = None) 
         ray.init(num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False,
                  resources={DEVICE_RESOURCE: num_devices}, logging_level=logging.WARNING)
     else:
-        ray.init(address=address, logging_level=logging.WARNING)
+        _check_reachable(address)
+        try:
+            ray.init(address=address, logging_level=logging.WARNING)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise ConfigError(f"cannot join the Ray cluster at {address!r}: {exc}",
+                              where="--address",
+                              fix="start one (`ray start --head --resources='{\"jigsaw_device\""
+                                  ": 2}'`), pass its address, or drop --address for a local "
+                                  "Ray") from None
     return True
+
+
+def _check_reachable(address: str) -> None:
+    """Fail fast on a ``host:port`` nobody listens on: Ray itself retries for a minute and then
+    aborts the process (a C++ check failure, no Python error)."""
+    import socket
+
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "://" in address:
+        return  # "auto", ray:// client addresses: left to Ray
+    try:
+        socket.create_connection((host, int(port)), timeout=3.0).close()
+    except OSError as exc:
+        raise ConfigError(f"no Ray cluster answers at {address!r} ({exc})", where="--address",
+                          fix="start one (ray start --head --resources='{\"jigsaw_device\": 2}')"
+                              ", pass its address, or drop --address for a local Ray") from None
 
 
 def _bundle(num_devices: int) -> dict[str, float]:
