@@ -98,13 +98,13 @@ def test_replay_request_caps_tool_results_to_leave_a_token_per_turn() -> None:
 
 
 def test_replay_uses_generated_tokens_when_an_event_has_them() -> None:
-    class WithSplit:
-        pipeline, step, sample_id, prompt_tokens, response_tokens, turns = (
-            "calc", 0, "calc/0/0/0", 10, 30, 2)
-        generated_tokens = 12
+    from jigsawrl.events import SampleFinished
 
-    req = replay_request(WithSplit(), tool_tokens=8, latency_s=0.0)  # type: ignore[arg-type]
+    ev = SampleFinished("calc", 0, "calc/0/0/0", 1.0, 10, 30, 2, 0, generated_tokens=12)
+    req = replay_request(ev, tool_tokens=8, latency_s=0.0)
     assert req.generated_tokens == 12 and req.response_tokens == 30
+    unknown = SampleFinished("calc", 0, "calc/0/0/0", 1.0, 10, 30, 2, 0)  # -1: estimated
+    assert replay_request(unknown, tool_tokens=8, latency_s=0.0).generated_tokens == 22
 
 
 def test_observed_requests_reproduce_the_observed_lengths_in_engine_order() -> None:

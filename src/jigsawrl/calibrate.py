@@ -19,11 +19,12 @@ How the replay is built (simplifications, said here as DESIGN.md asks):
 
 - A :class:`~jigsawrl.events.SampleFinished` carries the prompt tokens, the response tokens
   (model tokens *and* tool-result tokens, as the engine's ``response_ids``) and the number of
-  assistant turns, not the split between generated and tool-result tokens. Each tool call is
+  assistant turns; without ``generated_tokens`` it lacks the split between generated and
+  tool-result tokens. Then each tool call is
   given the mean tool-result length of the task's own demo responses (:func:`tool_result_tokens`;
   a workload property read from the task code, not a fitted constant); the rest of the response is
-  split evenly over the turns as generated tokens. An event that carries a ``generated_tokens``
-  attribute is split exactly instead.
+  split evenly over the turns as generated tokens. An event that records ``generated_tokens``
+  (the Ray executor does) is split exactly instead.
 - Tool latency per call is the config's ``rollout.tool_latency_s`` plus the task's own
   ``tool_latency_s`` (its mean; the task's jitter is symmetric).
 - The scheduler in the simulated run gets the same *belief* cost model as ``run_real`` gives it
@@ -108,7 +109,7 @@ def replay_request(ev: SampleFinished, tool_tokens: float, latency_s: float) -> 
     turns = max(1, int(ev.turns))
     total = max(turns, int(ev.response_tokens))
     generated = getattr(ev, "generated_tokens", None)
-    if generated is None:
+    if generated is None or generated < 0:  # not recorded (simulated runs, older event files)
         per_call = int(round(tool_tokens))
         tool_total = min((turns - 1) * per_call, total - turns)
         generated = total - tool_total

@@ -63,6 +63,7 @@ class SampleFinished:
     response_tokens: int
     turns: int = 1
     policy_version: int = 0
+    generated_tokens: int = -1  # model-generated part of response_tokens (-1: not recorded)
 
 
 @dataclass(frozen=True, slots=True)

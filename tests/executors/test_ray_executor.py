@@ -76,6 +76,7 @@ def check_run(summary: dict[str, Any], events: list[Any], finished: dict[str, in
     for e in events:
         if isinstance(e, SampleFinished):
             ids[e.pipeline][e.sample_id] += 1
+            assert 0 <= e.generated_tokens <= e.response_tokens
         if isinstance(e, StepFinished):
             steps[e.pipeline] += 1
     for name, n in finished.items():

@@ -571,7 +571,8 @@ class RayExecutor:
             if ro.finished(prompt * g + sample, traj, version):
                 self._events.append(SampleFinished(
                     ro.pipeline, ro.step, traj.request_id, t_end, len(traj.prompt_ids),
-                    len(traj.response_ids), 1 + traj.num_tool_calls, version))
+                    len(traj.response_ids), 1 + traj.num_tool_calls, version,
+                    int(sum(traj.response_mask))))
         self._after_chunk(ro, rank, res)
 
     def _after_chunk(self, ro: RolloutRT, rank: RankRT, res: dict[str, Any]) -> None:
