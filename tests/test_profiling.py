@@ -172,3 +172,16 @@ def test_cli_rejects_bad_threads(tmp_path: Path) -> None:
 
     res = CliRunner().invoke(app, ["profile", "--threads", "0", "--out", str(tmp_path / "p")])
     assert res.exit_code == 2
+
+
+def test_pass_line_separates_per_call_overhead() -> None:
+    from jigsawrl.profiling import pass_line
+
+    raw = {"train": {"tokens": 2048, "time_s": 0.05 + 2048e-5 + 0.01},
+           "train_small": {"tokens": 256, "time_s": 0.05 + 256e-5 + 0.01}}
+    slope, over = pass_line(raw, "train", 0.01)  # 0.01 s of optimizer step taken off first
+    assert slope == pytest.approx(1e-5) and over == pytest.approx(0.05)
+    noisy = {"logprob": {"tokens": 2048, "time_s": 0.1}, "logprob_small": {"tokens": 256,
+                                                                           "time_s": 0.2}}
+    assert pass_line(noisy, "logprob", 0.0) == (pytest.approx(0.1 / 2048), 0.0)
+    assert pass_line({"logprob": {"tokens": 100, "time_s": 1.0}}, "logprob", 0.0) == (0.01, 0.0)

@@ -33,6 +33,7 @@ The fitting half is numpy only (tested without torch); torch is imported by the 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import datetime as dt
 import logging
 import os
@@ -190,12 +191,13 @@ def fit_params(model: ModelSpec, raw_by_threads: dict[int, dict[str, Any]]) -> d
                              for q in r["decode"]])
     mem_bw = 2.0 * raw["memcpy"]["bytes"] / raw["memcpy"]["time_s"]  # read + write
     adam = _ADAM_BYTES_PER_PARAM * p / mem_bw
-    train_t = raw["train"]["time_s"]
+    lp_s_per_token, lp_over = pass_line(raw, "logprob", 0.0)
+    tr_s_per_token, tr_over = pass_line(raw, "train", adam)
     rates = {
         "prefill": prefill_rate(model, raw["prefill"], fit),
         "decode": 1.0 / fit.s_per_flop if fit.s_per_flop > 0 else 0.0,
-        "logprob": 2.0 * p * raw["logprob"]["tokens"] / raw["logprob"]["time_s"],
-        "train": 6.0 * p * raw["train"]["tokens"] / max(train_t - adam, 0.5 * train_t),
+        "logprob": 2.0 * p / lp_s_per_token,
+        "train": 6.0 * p / tr_s_per_token,
     }
     peak = max(rates.values())
     if rates["decode"] == 0.0:  # no measurable FLOP term: decode at peak, all in the overheads
@@ -208,10 +210,31 @@ def fit_params(model: ModelSpec, raw_by_threads: dict[int, dict[str, Any]]) -> d
         "train_eff": rates["train"] / peak, "iter_overhead_s": fit.overhead_s,
         "iter_overhead_per_seq_s": fit.per_seq_s,
         "weight_sync_overhead_s": max(raw["weight_sync"]["time_s"] - load, 0.0),
+        "logprob_overhead_s": lp_over, "train_overhead_s": tr_over,
     }
     accel = {"peak_flops": peak, "hbm_bytes_per_s": mem_bw,
              "host_link_bytes_per_s": mem_bw / 2.0}
     return {"accelerator": accel, "params": params, "rates_flops_per_s": rates}
+
+
+def pass_line(raw: dict[str, Any], key: str, fixed_s: float) -> tuple[float, float]:
+    """Seconds per token and fixed seconds per call of a log-prob or update pass.
+
+    With a second, smaller measurement (``raw[key + "_small"]``) the two points give a line
+    ``time = overhead + tokens × slope`` (tiny passes are dominated by per-call costs: Python,
+    per-layer kernel launches); without one, or when noise makes the slope non-positive, the
+    overhead is 0 and the slope the large pass's time per token. ``fixed_s`` (the optimizer's
+    memory-bound step, modelled apart) is taken off both points first.
+    """
+    big = raw[key]
+    t_big = max(big["time_s"] - fixed_s, 0.5 * big["time_s"])
+    small = raw.get(f"{key}_small")
+    if small and small["tokens"] < big["tokens"]:
+        t_small = max(small["time_s"] - fixed_s, 0.5 * small["time_s"])
+        slope = (t_big - t_small) / (big["tokens"] - small["tokens"])
+        if slope > 0:
+            return slope, max(0.0, t_big - slope * big["tokens"])
+    return t_big / big["tokens"], 0.0
 
 
 def _stage_times(raw: dict[str, Any]) -> dict[str, float]:
@@ -378,14 +401,24 @@ def _train_side(model: Any, engine_model: Any, tok: Any,
     tokens = int(batch.attention_mask.sum())
     mb = settings.train_seqs
     batch.old_logprobs = compute_logprobs(model, batch, mb)
+    # a second, small pass (a quarter of the rows, half the length) separates per-call costs
+    small = _train_batch(tok, dataclasses.replace(
+        settings, train_seqs=max(2, settings.train_seqs // 4),
+        train_len=max(8, settings.train_len // 2)))
+    small.old_logprobs = compute_logprobs(model, small, mb)
     trainer = GRPOTrainer(model, GRPOConfig(micro_batch_size=mb))
     engine = RolloutEngine(engine_model, tok)
     src, dst = torch.ones(_MEMCPY_BYTES // 4), torch.empty(_MEMCPY_BYTES // 4)
     reps = settings.repeats
+    small_tokens = int(small.attention_mask.sum())
     return {
         "logprob": {"tokens": tokens,
                     "time_s": _timed(lambda: compute_logprobs(model, batch, mb), reps)},
+        "logprob_small": {"tokens": small_tokens,
+                          "time_s": _timed(lambda: compute_logprobs(model, small, mb), reps)},
         "train": {"tokens": tokens, "time_s": _timed(lambda: trainer.update(batch), reps)},
+        "train_small": {"tokens": small_tokens,
+                        "time_s": _timed(lambda: trainer.update(small), reps)},
         "weight_sync": {"params": sum(p.numel() for p in model.parameters()),
                         "time_s": _timed(lambda: engine.load_weights(model.state_dict()), reps)},
         "memcpy": {"bytes": _MEMCPY_BYTES, "time_s": _timed(lambda: dst.copy_(src), reps + 2)},

@@ -272,7 +272,8 @@ class CostModel:
         gather = ring_collective_s(model.weight_bytes(), n_devices, self._link_bw(n_devices),
                                    self.params.collective_step_latency_s)
         comm = self._micro_batches(n_devices, tokens) * gather
-        return self._out(overlap_comm(compute, comm, self.params.comm_overlap), noise)
+        t = overlap_comm(compute, comm, self.params.comm_overlap) + self.params.logprob_overhead_s
+        return self._out(t, noise)
 
     def train_time_s(self, model: ModelSpec, n_devices: int, tokens: int, share: float = 1.0,
                      *, noise: float | None = None) -> float:
@@ -295,7 +296,7 @@ class CostModel:
         comm = self._micro_batches(n_devices, tokens) * per_micro
         adam = _ADAM_BYTES_PER_PARAM * model.num_params / n_devices / self._bw(share)
         t = overlap_comm(compute, comm, p.comm_overlap) + p.optimizer_steps * adam
-        return self._out(t, noise)
+        return self._out(t + p.train_overhead_s, noise)
 
     def weight_sync_time_s(self, model: ModelSpec, n_devices: int, tp: int = 1, *,
                            noise: float | None = None) -> float:

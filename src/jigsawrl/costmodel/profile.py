@@ -43,8 +43,11 @@ PARAM_KEYS: tuple[str, ...] = (
     "prefill_eff", "decode_compute_eff", "hbm_bw_eff", "logprob_eff", "train_eff",
     "iter_overhead_s", "iter_overhead_per_seq_s", "weight_sync_overhead_s",
 )
+# Measured since a later profile; absent from older profile files, which load with 0.
+OPTIONAL_PARAM_KEYS: tuple[str, ...] = ("logprob_overhead_s", "train_overhead_s")
 UNPROFILED_PARAMS: tuple[str, ...] = tuple(
-    f.name for f in dataclasses.fields(CostParams) if f.name not in PARAM_KEYS)
+    f.name for f in dataclasses.fields(CostParams)
+    if f.name not in PARAM_KEYS + OPTIONAL_PARAM_KEYS)
 _FIX = "re-run `jigsawrl profile --out <path>` to write a fresh profile"
 
 
@@ -82,6 +85,8 @@ def cost_inputs(doc: dict[str, Any], where: str = "profile") -> tuple[Accelerato
                   for k in ACCEL_KEYS}
     param_vals = {k: _number(param_sec, k, f"{where}: fitted.params",
                              positive=k.endswith("_eff")) for k in PARAM_KEYS}
+    param_vals.update({k: _number(param_sec, k, f"{where}: fitted.params", positive=False)
+                       for k in OPTIONAL_PARAM_KEYS if k in param_sec})
     try:
         params = dataclasses.replace(CostParams(), **param_vals)
     except ValueError as exc:

@@ -66,6 +66,11 @@ class CostParams:
     # Fixed cost of one weight sync: engine wake-up, per-tensor bookkeeping, resharding
     # (assumption: ~0.5 s, verl colocated syncs of small models take seconds).
     weight_sync_overhead_s: float = 0.5
+    # Fixed cost of one log-prob / update call (Python, per-layer launches), beside the FLOP
+    # terms. 0 for the GPU presets (negligible next to their passes); `jigsawrl profile` measures
+    # it on a CPU, where a tiny model's small passes are dominated by it.
+    logprob_overhead_s: float = 0.0
+    train_overhead_s: float = 0.0
     # Fixed cost of one host transfer call: pinned-buffer setup, synchronisation (assumption).
     host_transfer_latency_s: float = 1e-3
     # Rule-based reward (regex / math-verify) on one CPU core, per sample (assumption: ~2 ms,
