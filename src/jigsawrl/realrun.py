@@ -54,7 +54,7 @@ def resolve_real(cfg: ExperimentConfig) -> Experiment:
         ConfigError: an accelerator that is not a CPU preset, an unknown engine model or task,
             tensor parallelism (the CPU engine has none), or more devices than the cluster has.
     """
-    from jigsawrl.tasks import list_tasks
+    from jigsawrl.tasks import get_task, list_tasks
 
     accel = REAL_ACCELERATORS.get(cfg.cluster.accelerator)
     if accel is None:
@@ -67,6 +67,10 @@ def resolve_real(cfg: ExperimentConfig) -> Experiment:
         if p.task not in list_tasks():
             raise ConfigError(f"unknown real task {p.task!r}", where=f"{where}.task",
                               fix=f"use one of {list_tasks()}")
+        try:  # bad task parameters fail here, not in a worker after Ray has started
+            get_task(p.task, **p.rollout.task_params)
+        except ConfigError as exc:
+            raise ConfigError(str(exc), where=f"{where}.rollout.task_params") from None
         if p.rollout_tp != 1 or p.train_tp != 1:
             raise ConfigError("the CPU engine has no tensor parallelism", where=where,
                               fix="set rollout_tp: 1 and train_tp: 1")

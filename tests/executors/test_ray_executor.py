@@ -270,6 +270,10 @@ def test_resolve_real_rejects_gpu_presets_and_tp() -> None:
         resolve_real(load_config("configs/real/multi.yaml", ["cluster.accelerator=h100-80gb"]))
     with pytest.raises(ConfigError, match="tensor parallelism"):
         resolve_real(load_config("configs/real/multi.yaml", ["pipelines.0.rollout_tp=2"]))
+    with pytest.raises(ConfigError, match="unknown difficulty") as err:
+        resolve_real(load_config("configs/real/multi.yaml",
+                                 ["pipelines.1.rollout.task_params.difficulty=nonsense"]))
+    assert err.value.where == "pipelines.1.rollout.task_params"
     exp = resolve_real(tiny())
     assert exp.num_devices == 2
     assert exp.pipelines[0].model.num_layers == 4
