@@ -400,7 +400,8 @@ class RayExecutor:
         meta = {"history": [m for _, m in sorted(pipe.metrics.items())]}
         where = pipe.loc if pipe.loc is not None else 0
         state = None if pipe.loc is not None else pipe.host_ref
-        info, weights = self._devs[where].actor.publish.options(num_returns=2).remote(
+        info, weights = self._devs[where].actor.publish.options(
+            num_returns=2, concurrency_group="control").remote(
             pipe.name, done, state, str(self.ckpt_dir / pipe.name) if due else None, due, meta)
         self._track(info, _Call("stage", pipe.name, a.step, a.stage, (), 0.0, tid,
                                 extra=weights))

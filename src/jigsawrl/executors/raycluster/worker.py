@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,6 +89,9 @@ class DeviceWorker:
         self.ranks: dict[tuple[str, int, int], _Rank] = {}
         self.data: dict[str, dict[int, Any]] = {}  # name -> step -> StepData (train side)
         self.dp_models: dict[str, Any] = {}  # name -> model of data-parallel helper calls
+        # publish runs in the "control" concurrency group, beside a rollout slice; a pipeline's
+        # train-state methods take its lock so a publish never reads a state being changed
+        self._locks = {name: threading.Lock() for name in self.specs}
 
     # ------------------------------------------------------------------ lifecycle
     def ready(self) -> dict[str, Any]:
@@ -252,8 +256,9 @@ class DeviceWorker:
         """Make ``state`` (from host memory) this device's resident train state of ``name``."""
         t_start = _now()
         pipe = self._pipe(name)
-        pipe.import_train_state(state["train"])
-        self.data[name] = dict(state.get("steps", {}))
+        with self._locks[name]:
+            pipe.import_train_state(state["train"])
+            self.data[name] = dict(state.get("steps", {}))
         return {"t_start": t_start, "t_end": _now(), "bytes": _state_bytes(state)}
 
     def offload(self, name: str) -> tuple[dict[str, Any], Any]:
@@ -264,7 +269,8 @@ class DeviceWorker:
         pipe = self.pipes.get(name)
         if pipe is None or not pipe.has_trainer:
             raise RuntimeError(f"device {self.device}: no train state of {name!r} to offload")
-        state = {"train": pipe.export_train_state(), "steps": self.data.pop(name, {})}
+        with self._locks[name]:
+            state = {"train": pipe.export_train_state(), "steps": self.data.pop(name, {})}
         return {"t_start": t_start, "t_end": _now(), "bytes": _state_bytes(state)}, state
 
     def _step_data(self, name: str, step: int, trajectories: Any, rewards: Any) -> Any:
@@ -298,16 +304,18 @@ class DeviceWorker:
         t_start = _now()
         if state is not None:
             self.onload(name, state)
-        data = self._step_data(name, step, trajectories, rewards)
-        pipe = self.pipes[name]
-        out: dict[str, Any] = {"threads": threads,
-                               "tokens": int(data.batch.attention_mask.sum())}
-        if helpers and bounds:
-            result, out["helpers"] = self._data_parallel(pipe, stage, data, helpers[0], bounds)
-        else:
-            method = {"old_logprob": pipe.old_logprob, "ref_logprob": pipe.ref_logprob,
-                      "actor_update": pipe.update}[stage]
-            result = method(data)
+        with self._locks[name]:
+            data = self._step_data(name, step, trajectories, rewards)
+            pipe = self.pipes[name]
+            out: dict[str, Any] = {"threads": threads,
+                                   "tokens": int(data.batch.attention_mask.sum())}
+            if helpers and bounds:
+                result, out["helpers"] = self._data_parallel(pipe, stage, data, helpers[0],
+                                                             bounds)
+            else:
+                method = {"old_logprob": pipe.old_logprob, "ref_logprob": pipe.ref_logprob,
+                          "actor_update": pipe.update}[stage]
+                result = method(data)
         if stage == "actor_update":
             out["metrics"] = dict(result)
         out.update(t_start=t_start, t_end=_now())
@@ -358,11 +366,12 @@ class DeviceWorker:
         t_start = _now()
         if state is not None:
             self.onload(name, state)
-        data = self._step_data(name, step, trajectories, rewards)
-        trainer = self.pipes[name].trainer
-        model = trainer.ref_model if stage == "ref_logprob" else trainer.model
-        payload = {"weights": {k: v.detach().clone() for k, v in model.state_dict().items()},
-                   "batch": data.batch, "config": trainer.config}
+        with self._locks[name]:
+            data = self._step_data(name, step, trajectories, rewards)
+            trainer = self.pipes[name].trainer
+            model = trainer.ref_model if stage == "ref_logprob" else trainer.model
+            payload = {"weights": {k: v.detach().clone() for k, v in model.state_dict().items()},
+                       "batch": data.batch, "config": trainer.config}
         return {"t_start": t_start, "t_end": _now()}, payload
 
     def dp_shard(self, name: str, stage: str, start: int, stop: int, threads: int,
@@ -401,18 +410,20 @@ class DeviceWorker:
 
         Returns ``(info, weights)`` (call with ``num_returns=2``)."""
         t_start = _now()
-        pipe = self.pipes.get(name)
-        if state is not None:
-            weights = {k: v.clone() for k, v in state["train"]["model"].items()}
-            if checkpoint and ckpt_root:
-                _save_host_state(pipe or self._pipe(name), state, Path(ckpt_root), step, meta)
-        else:
-            if pipe is None or not pipe.has_trainer:
-                raise RuntimeError(f"device {self.device}: no train state of {name!r} here")
-            weights = pipe.actor_weights()
-            if checkpoint and ckpt_root:
-                pipe.save(Path(ckpt_root), step, meta)
-        self.data.get(name, {}).pop(step, None)  # the step is over
+        with self._locks[name]:
+            pipe = self.pipes.get(name)
+            if state is not None:
+                weights = {k: v.clone() for k, v in state["train"]["model"].items()}
+                if checkpoint and ckpt_root:
+                    _save_host_state(pipe or self._pipe(name), state, Path(ckpt_root), step,
+                                     meta)
+            else:
+                if pipe is None or not pipe.has_trainer:
+                    raise RuntimeError(f"device {self.device}: no train state of {name!r} here")
+                weights = pipe.actor_weights()
+                if checkpoint and ckpt_root:
+                    pipe.save(Path(ckpt_root), step, meta)
+            self.data.get(name, {}).pop(step, None)  # the step is over
         return {"t_start": t_start, "t_end": _now()}, weights
 
 
@@ -495,5 +506,8 @@ class RewardWorker:
 # num_cpus=0: a logical device is not a Ray CPU (cpu-notes.md: an actor reserves one CPU by
 # default, and a third one on a 2-CPU machine would hang); max_restarts=0: the executor replaces
 # a dead device worker itself (it knows which requests were lost).
-DeviceActor = ray.remote(num_cpus=0, max_restarts=0)(DeviceWorker)
+# concurrency_groups: "control" (publish) runs beside the default group's one call at a time,
+# so a weight sync does not wait behind another pipeline's rollout slice on the same device.
+DeviceActor = ray.remote(num_cpus=0, max_restarts=0,
+                         concurrency_groups={"control": 1})(DeviceWorker)
 RewardActor = ray.remote(num_cpus=0, max_restarts=0)(RewardWorker)
