@@ -80,21 +80,14 @@ class AgentLoop:
     def __init__(self, engine: Any, tokenizer: Any, task: Any, *, extra_latency_s: float = 0.0,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep) -> None:
-        self.engine = engine
-        self.tokenizer = tokenizer
-        self.task = task
-        self.extra_latency_s = extra_latency_s
-        self.clock = clock
-        self.sleep = sleep
-        self.tool_stops = tuple(task.stop) if task.multi_turn else ()
+        self._args = (engine, tokenizer, task)
+        self._options = {"extra_latency_s": extra_latency_s, "clock": clock, "sleep": sleep}
 
     def run(self, requests: list[tuple[Any, Any]]) -> list[Trajectory]:
         """Run ``(example, GenerationRequest)`` pairs; trajectories come back in input order."""
         from jigsawrl.engine.session import RolloutSession  # session.py imports this module
 
-        session = RolloutSession(self.engine, self.tokenizer, self.task,
-                                 extra_latency_s=self.extra_latency_s, clock=self.clock,
-                                 sleep=self.sleep)
+        session = RolloutSession(*self._args, **self._options)
         for example, req in requests:
             session.add(example, req)
         done = {t.request_id: t for t in session.run()}

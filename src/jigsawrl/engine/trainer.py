@@ -299,10 +299,7 @@ class GRPOTrainer:
         Raises:
             ValueError: ``old_logprobs`` (or ``ref_logprobs`` with KL on) were not computed.
         """
-        if batch.old_logprobs is None and not self.on_policy_shortcut:
-            raise ValueError("compute old_logprobs before update()")
-        if self.config.kl_coef > 0 and batch.ref_logprobs is None:
-            raise ValueError("kl_coef > 0: compute ref_logprobs before update()")
+        self._check_ready(batch)
         total_tokens = float(batch.loss_mask.sum().item())
         if total_tokens == 0:
             log.warning("update skipped: the batch has no response tokens")
@@ -313,6 +310,12 @@ class GRPOTrainer:
         for _ in range(self.config.ppo_epochs):
             metrics = self._one_epoch(batch, total_tokens)
         return metrics
+
+    def _check_ready(self, batch: TrainBatch) -> None:
+        if batch.old_logprobs is None and not self.on_policy_shortcut:
+            raise ValueError("compute old_logprobs before update()")
+        if self.config.kl_coef > 0 and batch.ref_logprobs is None:
+            raise ValueError("kl_coef > 0: compute ref_logprobs before update()")
 
     def _one_epoch(self, batch: TrainBatch, total_tokens: float,
                    more: Callable[[], list[ShardGrads]] | None = None) -> dict[str, float]:
@@ -347,8 +350,7 @@ class GRPOTrainer:
         batch, up to float summation order. Needs ``ppo_epochs == 1``."""
         if self.config.ppo_epochs != 1:
             raise ValueError("a data-parallel update needs ppo_epochs == 1")
-        if batch.old_logprobs is None and not self.on_policy_shortcut:
-            raise ValueError("compute old_logprobs before update()")
+        self._check_ready(batch)
         self.model.train()
         return self._one_epoch(batch, total_tokens, more)
 

@@ -395,7 +395,7 @@ class RayExecutor:
     def _launch_sync(self, pipe: _Pipe, a: StartStage, tid: str) -> None:
         done = pipe.offset + a.step + 1
         every = pipe.spec.train.checkpoint_every
-        due = self.ckpt_dir is not None and (done == pipe.offset + self._steps(pipe) or
+        due = self.ckpt_dir is not None and (done == pipe.offset + pipe.spec.steps or
                                               bool(every and done % every == 0))
         meta = {"history": [m for _, m in sorted(pipe.metrics.items())]}
         where = pipe.loc if pipe.loc is not None else 0
@@ -405,9 +405,6 @@ class RayExecutor:
             pipe.name, done, state, str(self.ckpt_dir / pipe.name) if due else None, due, meta)
         self._track(info, _Call("stage", pipe.name, a.step, a.stage, (), 0.0, tid,
                                 extra=weights))
-
-    def _steps(self, pipe: _Pipe) -> int:
-        return self.exp.pipeline(pipe.name).spec.steps
 
     def _launch_offload(self, pipe: _Pipe, a: StartStage, tid: str) -> None:
         if pipe.loc is None:

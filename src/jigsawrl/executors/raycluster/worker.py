@@ -106,12 +106,10 @@ class DeviceWorker:
         that the run clock never includes a worker's start-up; returns the seconds it took."""
         import torch
 
-        from jigsawrl.engine.pipeline import build_model_and_tokenizer
-
         t0 = time.perf_counter()
-        for name, spec in self.specs.items():
+        for name in self.specs:
             pipe = self._pipe(name)
-            self.dp_models.setdefault(name, build_model_and_tokenizer(spec.model, self.seed)[0])
+            self._dp_model(name)
         # First uses in a process are slow (lazy imports, the autograd and optimizer code paths:
         # ~0.4 s for the first onload in a fresh worker, measured); pay them here, once.
         model = pipe.engine.model
@@ -190,8 +188,7 @@ class DeviceWorker:
         t_start = _now()
         pipe = self._pipe(name)
         if weights is not None:
-            self.weights[name] = (version, weights["train"]["model"] if "train" in weights
-                                  else weights)
+            self.preload(name, version, weights)
         key = (name, step, rank)
         rk = self.ranks.get(key) or self._new_rank(key, pipe)
         if force_reload and self.weights[name][0] != rk.version:
@@ -384,12 +381,7 @@ class DeviceWorker:
 
         torch.set_num_threads(max(1, threads))
         t_start = _now()
-        model = self.dp_models.get(name)
-        if model is None:
-            from jigsawrl.engine.pipeline import build_model_and_tokenizer
-
-            model = self.dp_models[name] = build_model_and_tokenizer(
-                self.specs[name].model, self.seed)[0]
+        model = self._dp_model(name)
         model.load_state_dict(payload["weights"])
         batch, cfg = payload["batch"], payload["config"]
         shard = batch.slice(start, stop)
@@ -401,6 +393,16 @@ class DeviceWorker:
         out.update(t_start=t_start, t_end=_now(),
                    tokens=int(shard.attention_mask.sum()))
         return out
+
+    def _dp_model(self, name: str) -> Any:
+        """The model data-parallel helper calls of ``name`` load weights into (built once)."""
+        model = self.dp_models.get(name)
+        if model is None:
+            from jigsawrl.engine.pipeline import build_model_and_tokenizer
+
+            model = self.dp_models[name] = build_model_and_tokenizer(
+                self.specs[name].model, self.seed)[0]
+        return model
 
     def publish(self, name: str, step: int, state: Any, ckpt_root: str | None,
                 checkpoint: bool, meta: dict[str, Any]) -> tuple[dict[str, Any], Any]:
