@@ -27,6 +27,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from jigsawrl.errors import ConfigError
+from jigsawrl.executors.raycluster.wire import use_numpy_wire
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,7 @@ def connect(address: str | None, num_devices: int, num_cpus: int | None = None) 
     Returns:
         True when this call started Ray (the caller shuts it down).
     """
+    use_numpy_wire()  # before any tensor is put: see wire.py
     if ray.is_initialized():
         return False
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # local runs: no token file
