@@ -214,3 +214,30 @@ def test_a_pipeline_that_stopped_early_is_replayed_for_its_finished_steps() -> N
 def test_compared_rel_error() -> None:
     assert Compared(2.0, 2.2).rel_error == pytest.approx(0.1)
     assert Compared(None, 1.0).rel_error is None and Compared(0.0, 1.0).rel_error is None
+
+
+def test_a_padding_trainer_costs_its_padded_rows() -> None:
+    """With ``train_pads_rows`` (the CPU trainer) a log-prob or update pass over rows of uneven
+    lengths costs each micro-batch's rows at its longest row: longer than by real tokens."""
+    import dataclasses
+
+    from jigsawrl.costmodel import CostModel
+
+    cfg = config("verl-serial")
+    exp = experiment(cfg)
+    plain = truth_cost(exp, None)
+    padded = CostModel(plain.accel, params=dataclasses.replace(plain.params,
+                                                               train_pads_rows=True))
+
+    def compute_s(truth: CostModel) -> dict[str, float]:
+        _, events = simulate_replay(replay_experiment(exp, truth_workload()), "verl-serial",
+                                    truth)
+        out: dict[str, float] = {}
+        for e in events:
+            if getattr(e, "stage", "") in ("old_logprob", "actor_update"):
+                out[e.stage] = out.get(e.stage, 0.0) + e.end_s - e.start_s  # type: ignore
+        return out
+
+    base, more = compute_s(plain), compute_s(padded)
+    for stage in ("old_logprob", "actor_update"):
+        assert more[stage] > base[stage], stage

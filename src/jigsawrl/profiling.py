@@ -211,6 +211,7 @@ def fit_params(model: ModelSpec, raw_by_threads: dict[int, dict[str, Any]]) -> d
         "iter_overhead_per_seq_s": fit.per_seq_s,
         "weight_sync_overhead_s": max(raw["weight_sync"]["time_s"] - load, 0.0),
         "logprob_overhead_s": lp_over, "train_overhead_s": tr_over,
+        "train_pads_rows": True,  # the trainer profiled here pads each micro-batch's rows
     }
     accel = {"peak_flops": peak, "hbm_bytes_per_s": mem_bw,
              "host_link_bytes_per_s": mem_bw / 2.0}

@@ -6,6 +6,7 @@ Torch-free: the documents here are written by hand, in the format `jigsawrl prof
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from jigsawrl.costmodel import CostModel, CostParams
 from jigsawrl.costmodel.profile import (
     PARAM_KEYS,
     UNPROFILED_PARAMS,
+    cost_inputs,
     load_profile,
     load_slowdown_table,
 )
@@ -57,6 +59,25 @@ def test_round_trip_sets_accelerator_and_params(tmp_path: Path) -> None:
     # 6 ms + 1e-4 s/seq + (2 P b + A ctx) / (0.5 * 5e10): the profile's decode line.
     expected = 6e-3 + 1e-4 * 4 + (2e6 * 4 + MODEL.attn_flops_per_token_per_ctx() * 400) / 2.5e10
     assert cm.decode_iter_time_s(MODEL, 1, 4, 400) == pytest.approx(expected)
+
+
+def test_train_pads_rows_flag_is_read_and_defaults_off(tmp_path: Path) -> None:
+    assert load_profile(_write(tmp_path, DOC))[1].train_pads_rows is False  # an older profile
+    doc = _broken(("fitted", "params", "train_pads_rows"), True)
+    assert load_profile(_write(tmp_path, doc))[1].train_pads_rows is True
+
+
+def test_pass_tokens_counts_padding_of_the_widest_shard() -> None:
+    accel, params = cost_inputs(DOC)
+    lens = [10, 2, 4, 4, 8, 1]
+    plain = CostModel(accel, params=params)
+    assert plain.pass_tokens(lens, 2, 64) == sum(lens)  # padding removed: real tokens
+    padded = CostModel(accel, params=dataclasses.replace(params, train_pads_rows=True))
+    assert padded.pass_tokens(lens, 1, 64) == 6 * 10  # one micro-batch padded to 10
+    assert padded.pass_tokens(lens, 1, 2) == 2 * 10 + 2 * 4 + 2 * 8  # three micro-batches
+    assert padded.pass_tokens(lens, 2, 64) == 2 * (3 * 10)  # shards [10,2,4] and [4,8,1]
+    assert padded.pass_tokens(lens, 8, 64) == 8 * 10  # more devices than rows: a row each
+    assert padded.pass_tokens([], 2, 64) == 0
 
 
 def test_unprofiled_params_are_the_rest() -> None:
@@ -104,6 +125,7 @@ def _broken(path: tuple[str, ...], value: object) -> dict[str, Any]:
     (("fitted", "params", "iter_overhead_s"), -1.0, ">= 0"),
     (("fitted", "params", "iter_overhead_s"), "fast", "finite number"),
     (("fitted", "params", "train_eff"), 1.5, "train_eff"),
+    (("fitted", "params", "train_pads_rows"), "yes", "true or false"),
 ])
 def test_malformed_values(tmp_path: Path, path: tuple[str, ...], value: object,
                           match: str) -> None:

@@ -23,6 +23,7 @@ the span as ``cm.decode_span_time_s(..., noise=f)``, and on interruption after `
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -257,6 +258,29 @@ class CostModel:
     def _micro_batches(self, n_devices: int, tokens: float) -> int:
         per = n_devices * self.params.train_micro_batch_tokens
         return max(1, math.ceil(tokens / per))
+
+    def pass_tokens(self, seq_lens: Sequence[int], n_devices: int, micro_batch_rows: int) -> int:
+        """The tokens a log-prob or update pass over sequences of ``seq_lens`` computes.
+
+        The real tokens, unless ``train_pads_rows``: then the rows are split into ``n_devices``
+        contiguous data-parallel shards (as the Ray executor does), each shard into micro-batches
+        of ``micro_batch_rows`` padded to their longest row, and the pass costs ``n_devices``
+        times the largest shard's padded tokens (the shards run in parallel; the slowest ends
+        the stage), so that ``logprob_time_s(model, n_devices, tokens)`` is that shard's time.
+        """
+        if not self.params.train_pads_rows or not seq_lens:
+            return int(sum(seq_lens))
+        rows = len(seq_lens)
+        shards = max(1, min(n_devices, rows))
+        base, extra = divmod(rows, shards)
+        start, widest = 0, 0
+        for i in range(shards):
+            stop = start + base + (1 if i < extra else 0)
+            padded = sum(len(seq_lens[lo:min(lo + micro_batch_rows, stop)])
+                         * max(seq_lens[lo:min(lo + micro_batch_rows, stop)])
+                         for lo in range(start, stop, max(1, micro_batch_rows)))
+            widest, start = max(widest, padded), stop
+        return widest * n_devices
 
     def logprob_time_s(self, model: ModelSpec, n_devices: int, tokens: int, share: float = 1.0,
                        *, noise: float | None = None) -> float:

@@ -45,9 +45,11 @@ PARAM_KEYS: tuple[str, ...] = (
 )
 # Measured since a later profile; absent from older profile files, which load with 0.
 OPTIONAL_PARAM_KEYS: tuple[str, ...] = ("logprob_overhead_s", "train_overhead_s")
+# Facts about the profiled engine (true/false), also absent from older files (default False).
+OPTIONAL_FLAG_KEYS: tuple[str, ...] = ("train_pads_rows",)
 UNPROFILED_PARAMS: tuple[str, ...] = tuple(
     f.name for f in dataclasses.fields(CostParams)
-    if f.name not in PARAM_KEYS + OPTIONAL_PARAM_KEYS)
+    if f.name not in PARAM_KEYS + OPTIONAL_PARAM_KEYS + OPTIONAL_FLAG_KEYS)
 _FIX = "re-run `jigsawrl profile --out <path>` to write a fresh profile"
 
 
@@ -87,6 +89,12 @@ def cost_inputs(doc: dict[str, Any], where: str = "profile") -> tuple[Accelerato
                              positive=k.endswith("_eff")) for k in PARAM_KEYS}
     param_vals.update({k: _number(param_sec, k, f"{where}: fitted.params", positive=False)
                        for k in OPTIONAL_PARAM_KEYS if k in param_sec})
+    for key in OPTIONAL_FLAG_KEYS:
+        if key in param_sec:
+            if not isinstance(param_sec[key], bool):
+                raise InputError(f"'{key}' must be true or false, got {param_sec[key]!r}",
+                                 where=f"{where}: fitted.params", fix=_FIX)
+            param_vals[key] = param_sec[key]
     try:
         params = dataclasses.replace(CostParams(), **param_vals)
     except ValueError as exc:

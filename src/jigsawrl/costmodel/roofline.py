@@ -71,6 +71,10 @@ class CostParams:
     # it on a CPU, where a tiny model's small passes are dominated by it.
     logprob_overhead_s: float = 0.0
     train_overhead_s: float = 0.0
+    # The trainer pads every micro-batch's rows to its longest sequence and computes over the
+    # padding (jigsawrl's CPU trainer: `jigsawrl profile` sets it). False: padding is removed
+    # (verl's use_remove_padding; the GPU presets), so passes cost their real tokens.
+    train_pads_rows: bool = False
     # Fixed cost of one host transfer call: pinned-buffer setup, synchronisation (assumption).
     host_transfer_latency_s: float = 1e-3
     # Rule-based reward (regex / math-verify) on one CPU core, per sample (assumption: ~2 ms,

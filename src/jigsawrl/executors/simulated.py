@@ -114,6 +114,7 @@ class SimulatedExecutor:
         self._notes: list[Notification] = []
         self._step_samples: dict[tuple[str, int], list[RequestTruth]] = {}
         self._step_tokens: dict[tuple[str, int], tuple[int, int, int]] = {}
+        self._step_lens: dict[tuple[str, int], tuple[int, ...]] = {}  # per sequence, batch order
         # Memory-bandwidth demand per device: key (task id, rank) -> demand (1.0 = all of HBM).
         # Keys derive from structure (never from object ids), so runs are reproducible.
         self._demand: list[dict[tuple[str, int], float]] = [{} for _ in range(exp.num_devices)]
@@ -384,6 +385,8 @@ class SimulatedExecutor:
         resp = tuple(r.truth.response_tokens for r in samples)
         self._step_tokens[(task.pipe.spec.name, task.step)] = (
             sum(prompt) + sum(resp), len(samples), sum(resp))
+        self._step_lens[(task.pipe.spec.name, task.step)] = tuple(
+            p + r for p, r in zip(prompt, resp, strict=True))
         self._notes.append(TaskDone(task.tid, task.pipe.spec.name, task.step, ROLLOUT,
                                     self.q.now_s, prompt, resp))
 
@@ -478,11 +481,14 @@ class SimulatedExecutor:
         tokens, samples, _ = self._step_tokens.get((pipe.spec.name, step), (0, 0, 0))
         if stage == "reward":
             return c.reward_time_s(samples), 0.0, 0
+        # the tokens the pass computes over (padding included where the trainer pads)
+        computed = c.pass_tokens(self._step_lens.get((pipe.spec.name, step), ()), n,
+                                 pipe.spec.train.micro_batch_size) if tokens else 0
         if stage in ("old_logprob", "ref_logprob"):
-            return c.logprob_time_s(m, n, tokens), c.logprob_flops(m, tokens), tokens
+            return c.logprob_time_s(m, n, computed), c.logprob_flops(m, tokens), tokens
         if stage == "actor_update":
             epochs = pipe.spec.train.ppo_epochs
-            return (epochs * c.train_time_s(m, n, tokens), epochs * c.train_flops(m, tokens),
+            return (epochs * c.train_time_s(m, n, computed), epochs * c.train_flops(m, tokens),
                     tokens)
         if stage == "weight_sync":
             return c.weight_sync_time_s(m, n, pipe.spec.rollout_tp), 0.0, 0
