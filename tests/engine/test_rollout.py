@@ -246,6 +246,35 @@ def test_abort_and_resume_on_a_new_engine_is_token_for_token(mt, sampling) -> No
     assert [outs[f"r{i}"].state.user_data for i in range(3)] == [{"turn": i} for i in range(3)]
 
 
+@pytest.mark.parametrize("sampling", [dict(temperature=0.0), dict(temperature=0.8, seed=5)])
+def test_peek_is_a_checkpoint_that_leaves_the_request_running(mt, sampling) -> None:
+    """``peek`` returns what ``abort`` would (RNG state included) without disturbing the
+    request: the original finishes as if never peeked, and the peeked state resumed on another
+    engine finishes with the same tokens; a waiting request (no slot yet) peeks too."""
+    model, tok = mt
+    want = [alone(mt, p, 30, **sampling).state.output_ids for p in PROMPTS[:3]]
+    eng = RolloutEngine(model, tok, eos_token_id=-1, max_num_seqs=2)
+    for i, p in enumerate(PROMPTS[:3]):
+        eng.add_request(req(tok, f"r{i}", p, 30, **sampling))
+    for _ in range(7):
+        assert eng.step() == []
+    before = eng.stats
+    states = [pickle.loads(pickle.dumps(eng.peek(f"r{i}"))) for i in range(3)]
+    assert eng.stats == before and eng.stats.running == 2 and eng.stats.waiting == 1
+    assert [s.num_generated for s in states] == [7, 7, 0]
+    assert all(s.finish_reason is None and s.rng_state for s in states)
+    outs = {o.request_id: o for _ in range(80) for o in eng.step()}
+    assert [outs[f"r{i}"].state.output_ids for i in range(3)] == want
+    assert states[0].output_ids == want[0][:7]  # later steps did not touch the checkpoint
+    new = RolloutEngine(model, tok, eos_token_id=-1)
+    for s in states:
+        new.resume(s)
+    resumed = {o.request_id: o for _ in range(40) for o in new.step()}
+    assert [resumed[f"r{i}"].state.output_ids for i in range(3)] == want
+    with pytest.raises(InputError, match="no such request"):
+        eng.peek("r0")  # finished: gone from the engine
+
+
 def test_abort_waiting_request_and_release(mt) -> None:
     model, tok = mt
     eng = RolloutEngine(model, tok, eos_token_id=-1)

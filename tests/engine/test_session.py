@@ -273,6 +273,44 @@ def test_export_and_import_lose_and_duplicate_nothing(mt) -> None:
     assert by_id(got) == want
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_snapshot_resumed_elsewhere_finishes_as_the_original(mt, temperature) -> None:
+    """A snapshot taken mid-run (requests decoding, waiting for a slot, waiting for a tool)
+    leaves the session running: it finishes as if never snapshot. The snapshot resumed in a
+    fresh session on another engine gives the same final trajectories (what a dead Ray worker's
+    requests rely on), tool-waiting ones rejoining after their remaining wait."""
+    model, tok = mt
+    task = CalcTool(latency_s=5.0)
+    want = reference(mt, task, temperature)
+    clock = FakeClock()
+    a = session(engine(model, tok, 0.1, clock, max_num_seqs=3), tok, task, clock)
+    for ex, req in requests(tok, temperature=temperature):
+        a.add(ex, req)
+    got = []
+    while a.engine.stats.paused == 0:  # until a request waits for its tool
+        got.extend(a.run(budget_s=0.0))
+    clock.now += 2.0
+    unfinished, ctx, stats = a.unfinished, a.ctx_tokens(), a.engine.stats
+    snap = pickle.loads(pickle.dumps(a.snapshot()))
+    assert (a.unfinished, a.ctx_tokens(), a.engine.stats) == (unfinished, ctx, stats)
+    assert len(snap) == unfinished and ctx == sum(it.state.context_len for it in snap)
+    waiting = [it for it in snap if it.append_ids]
+    assert waiting and all(it.wait_s == pytest.approx(3.25) for it in waiting)
+    assert any(it.state.num_generated > 0 and not it.append_ids for it in snap)  # decoding
+    assert any(not it.state.output_ids for it in snap)  # still waiting for a batch slot
+    kept = {it.state.request_id: list(it.state.output_ids) for it in snap}
+    rest = a.run()
+    assert by_id(got + rest) == want  # the snapshot changed nothing
+    assert {it.state.request_id: it.state.output_ids for it in snap} == kept  # nor did later work
+    clock_b = FakeClock(100.0)
+    b = session(RolloutEngine(model, tok), tok, task, clock_b)
+    for item in snap:
+        b.add_exported(item)
+    resumed = by_id(b.run())
+    assert resumed == {rid: want[rid] for rid in kept}
+    assert all(resumed[rid]["response_ids"][:len(ids)] == ids for rid, ids in kept.items())
+
+
 def test_load_weights_mid_run_re_prefills_and_finishes(mt) -> None:
     """A weight swap mid-run equals moving the requests to an engine that has the new weights
     (both re-prefill every context with the new weights)."""

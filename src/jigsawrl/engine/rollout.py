@@ -15,9 +15,10 @@ positions), so that one long request never deadlocks the engine.
   request is then re-prefilled when continued).
 - When decoding would exceed the budget, the newest running requests are preempted: their cache is
   freed and they wait, to be re-prefilled (vLLM's recompute preemption).
-- `abort` exports a request as a plain `RequestState`; `resume` on any engine re-prefills prompt +
-  output (+ tool tokens) and continues. Under greedy sampling the continuation is what the first
-  engine would have produced (equal up to float rounding of a batched vs incremental prefill).
+- `abort` exports a request as a plain `RequestState` (`peek` returns the same without removing
+  it: a checkpoint); `resume` on any engine re-prefills prompt + output (+ tool tokens) and
+  continues. Under greedy sampling the continuation is what the first engine would have produced
+  (equal up to float rounding of a batched vs incremental prefill).
 - `load_weights` swaps weights between iterations and, by default, drops every KV cache so no token
   is generated from keys computed with old weights.
 - Errors a caller can cause (empty or over-long prompt, ids outside the vocabulary, bad sampling
@@ -241,6 +242,19 @@ class RolloutEngine:
         seq = self._remove(request_id)
         return self._export(seq, None)
 
+    def peek(self, request_id: str) -> RequestState:
+        """What `abort` would return now, leaving the request where it is (running, waiting or
+        paused, its cache kept): a checkpoint that `resume` on another engine continues from as
+        this engine will (the sampling RNG state is in it).
+
+        Raises:
+            InputError: no such request in this engine.
+        """
+        if request_id not in self._ids:
+            raise InputError("no such request", where=f"request {request_id!r}",
+                             fix="peek only requests that are running, waiting or paused")
+        return self._export(self._find(request_id), None)
+
     def resume(self, state: RequestState, append_ids: list[int] = ()) -> None:
         """Queue an exported request on this engine: re-prefill prompt + output + ``append_ids``
         (inserted as tool tokens), then go on decoding.
@@ -388,19 +402,24 @@ class RolloutEngine:
         seq.slot = None
         seq.cached_len = 0
 
-    def _remove(self, request_id: str) -> _Seq:
-        self._ids.discard(request_id)
-        seq = self._paused.pop(request_id, None)
+    def _find(self, request_id: str) -> _Seq:
+        """The queued (paused, running or waiting) request with this id."""
+        seq = self._paused.get(request_id)
         if seq is None:
-            seq = next((s for s in self._running if s.state.request_id == request_id), None)
-            if seq is not None:
-                self._running.remove(seq)
-        if seq is None:
-            seq = next((s for s in self._waiting if s.state.request_id == request_id), None)
-            if seq is not None:
-                self._waiting.remove(seq)
+            seq = next((s for s in (*self._running, *self._waiting)
+                        if s.state.request_id == request_id), None)
         if seq is None:
             raise RuntimeError(f"request {request_id!r} is registered but not queued")
+        return seq
+
+    def _remove(self, request_id: str) -> _Seq:
+        seq = self._find(request_id)
+        self._ids.discard(request_id)
+        if self._paused.pop(request_id, None) is None:
+            if any(s is seq for s in self._running):
+                self._running = [s for s in self._running if s is not seq]
+            else:
+                self._waiting = deque(s for s in self._waiting if s is not seq)
         self._free(seq)
         return seq
 

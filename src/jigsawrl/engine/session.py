@@ -5,8 +5,9 @@ drives engine iterations and serves tool calls (as `jigsawrl.engine.agent` descr
 pauses its request for the tool's latency while the others decode, then its result is appended with
 mask 0) until every request has finished or the budget of clock time is spent, and returns the
 trajectories that finished meanwhile. Between slices the caller can read progress (`unfinished`,
-`decoding`, `ctx_tokens`), swap weights (`load_weights`), or take every unfinished request out
-(`export`) and hand it to a session on another engine (`add_exported`).
+`decoding`, `ctx_tokens`), swap weights (`load_weights`), take every unfinished request out
+(`export`) and hand it to a session on another engine (`add_exported`), or copy them without
+stopping them (`snapshot`: a checkpoint to resume from if this session's process dies).
 
 Why: a Ray rollout worker must report progress while it generates, move its long tail of
 unfinished requests to another worker (long-tail migration) and take new weights mid-rollout
@@ -289,19 +290,37 @@ class RolloutSession:
         Running and waiting requests are aborted (their KV cache freed); a tool-waiting request
         carries its tool result and the latency it still has to wait. The session is then empty.
         """
+        items = self._exported(self.engine.abort)
+        self._live.clear()
+        self._pending.clear()
+        log.debug("exported %d requests", len(items))
+        return items
+
+    def snapshot(self) -> list[ExportedRequest]:
+        """What `export` would return now, leaving every request running here: a checkpoint.
+
+        Why: a Ray worker can die with its requests; the executor keeps the latest snapshot of
+        each so that another session resumes it (`add_exported`) from there instead of
+        regenerating it from the prompt. The items are copies (the engine's `peek`, the loop's
+        bookkeeping deep-copied), so later progress here does not change them; resumed on an
+        engine with the same weights they continue exactly as this session will (the sampling
+        RNG state travels in each ``state``), up to the float rounding of a re-prefill.
+        """
+        return self._exported(self.engine.peek)
+
+    def _exported(self, take: Callable[[str], RequestState]) -> list[ExportedRequest]:
+        """Every unfinished request as an `ExportedRequest` (arrival order); ``take`` reads the
+        state of a request held by the engine (``abort`` removes it, ``peek`` does not)."""
         now = self.clock()
         pending = {p.request_id: p for p in self._pending}
         items = []
         for rid, info in self._live.items():
             p = pending.get(rid)
-            state = p.state if p is not None and p.state is not None else self.engine.abort(rid)
+            state = p.state.snapshot() if p is not None and p.state is not None else take(rid)
             append, wait = ([], 0.0) if p is None else (list(p.append_ids),
                                                          max(0.0, p.ready_s - now))
             items.append(ExportedRequest(info.example, list(info.prompt_ids), state, append,
                                          wait, info.info()))
-        self._live.clear()
-        self._pending.clear()
-        log.debug("exported %d requests", len(items))
         return items
 
     def load_weights(self, state_dict: dict) -> None:
