@@ -151,7 +151,8 @@ def run_real(cfg: ExperimentConfig, *, policy: str | None = None, address: str |
         ``(summary, events)``; the summary adds ``startup_s`` (Ray + workers + warm starts, not
         part of the makespan), ``wall_s``, ``scheduler_decision_ms_p99``, ``pipeline_metrics``
         (per pipeline, per step: reward mean, losses), ``memory_moves`` (measured offloads and
-        onloads), ``resumed_from`` and ``replaced_devices``.
+        onloads), ``resumed_from``, ``replaced_devices`` and ``recovered`` (requests of dead
+        workers resumed from checkpoints / regenerated, and the sampled tokens kept).
 
     Raises:
         ConfigError: see :func:`resolve_real`; also ``verl`` (auto), which needs two runs.
@@ -203,6 +204,7 @@ def run_real(cfg: ExperimentConfig, *, policy: str | None = None, address: str |
     summary["memory_moves"] = executor.moves
     summary["resumed_from"] = offsets
     summary["replaced_devices"] = executor.replaced_devices
+    summary["recovered"] = dict(executor.recovered)
     summary["threads_per_device"] = threads_per_device
     log.info("real run %s under %s: makespan %.1f s, start-up %.1f s, %.0f tokens/s", info.name,
              name, summary["makespan_s"], executor.startup_s,

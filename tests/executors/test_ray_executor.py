@@ -9,7 +9,9 @@ mostly the workers importing torch and building their pipelines.
 from __future__ import annotations
 
 import os
+import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -124,14 +126,12 @@ def test_failing_reward_stops_only_its_pipeline(shared_ray: Any, cache: Path) ->
 
 class MigratingVerl(VerlPolicy):
     """verl-split, plus one long-tail migration: when both ranks of a rollout still have
-    unfinished requests, rank 1's requests move to rank 0. Optionally kills a device worker
-    instead (``kill``: the executor to kill device 1 of, once, mid-rollout)."""
+    unfinished requests, rank 1's requests move to rank 0."""
 
     wants_rank_progress = True
 
-    def __init__(self, kill: list[Any] | None = None) -> None:
+    def __init__(self) -> None:
         super().__init__("split")
-        self.kill = kill
         self.done = False
 
     def decide(self, view: View) -> Decision:
@@ -143,10 +143,7 @@ class MigratingVerl(VerlPolicy):
                         or min(counts) <= 0 or min(t.rank_shares) <= 0):
                     continue
                 self.done = True
-                if self.kill is not None:
-                    self.kill[0].kill_device(1)
-                else:
-                    actions.append(Migrate(t.task_id, (1,), 0))
+                actions.append(Migrate(t.task_id, (1,), 0))
         return Decision(tuple(actions))
 
 
@@ -156,21 +153,20 @@ def one_pipeline_dp2() -> Any:
                 extra=("pipelines.0.max_response_tokens=48",))
 
 
-def run_with_policy(cfg: Any, policy: Any, cache: Path, holder: list[Any] | None = None,
-                    **kw: Any) -> tuple[Any, Any]:
-    """run_real with a policy object; ``holder`` receives the executor (fault drills)."""
+def run_with_policy(cfg: Any, policy: Any, cache: Path,
+                    hook: Callable[[Any], None] | None = None, **kw: Any) -> tuple[Any, Any]:
+    """run_real with a policy object; ``hook`` gets the executor before it starts (drills)."""
     import jigsawrl.scheduler as sched
 
-    holder = [] if holder is None else holder
-
-    def hook(ex: Any) -> None:
+    def short_slices(ex: Any) -> None:
         ex.chunk_s = 0.01  # short slices: the tiny rollout is seen mid-way
-        holder.append(ex)
+        if hook is not None:
+            hook(ex)
 
     original = sched.get_policy
     sched.get_policy = lambda name, params=None: policy  # type: ignore[assignment]
     try:
-        return run_real(cfg, cache_dir=cache, executor_hook=hook, **kw)
+        return run_real(cfg, cache_dir=cache, executor_hook=short_slices, **kw)
     finally:
         sched.get_policy = original  # type: ignore[assignment]
 
@@ -188,14 +184,56 @@ def test_dp_rollout_migrates_long_tail(shared_ray: Any, cache: Path) -> None:
     assert summary["pipeline_metrics"]["arithmetic"][0]["actor/entropy"] > 0
 
 
+def wait_dead(actor: Any) -> None:
+    """Return once ``actor`` no longer answers (ray.kill is asynchronous)."""
+    for _ in range(200):
+        try:
+            ray.get(actor.ready.remote(), timeout=5)
+        except Exception:  # noqa: BLE001 - any failure: it is gone
+            return
+        time.sleep(0.05)
+    raise AssertionError("the killed worker still answers")
+
+
 def test_killed_worker_requests_resume_elsewhere(shared_ray: Any, cache: Path) -> None:
-    holder: list[Any] = []
-    policy = MigratingVerl(kill=holder)
-    summary, events = run_with_policy(one_pipeline_dp2(), policy, cache, holder)
-    assert policy.done
+    """Device 1's worker is killed mid-rollout, right before its rank's next slice, once the
+    executor holds checkpoints (one every slice here) of the rank's unfinished requests with
+    tokens in them. Those requests resume on rank 0 from their checkpoints: each final
+    trajectory starts with its checkpoint's tokens; the step completes with every sample once."""
+    killed: dict[str, list[int]] = {}  # request id -> checkpoint tokens, at the kill
+    final: dict[str, list[int]] = {}  # request id -> response tokens of its trajectory
+    owned: list[int] = []
+
+    def drill(ex: Any) -> None:
+        ex.checkpoint_s = 0.0  # a checkpoint every slice
+        submit, done = ex._submit_chunk, ex._chunk_done
+
+        def submit_chunk(ro: Any, rank: Any) -> None:
+            ckpts = [ro.checkpoints[i][0] for i in ro.owned_by(1) if i in ro.checkpoints]
+            if not owned and rank.index == 1 and any(c.state.num_generated for c in ckpts):
+                owned.extend(ro.owned_by(1))
+                killed.update({c.state.request_id: list(c.state.output_ids) for c in ckpts})
+                ex.kill_device(1)
+                wait_dead(ex._devs[1].actor)
+            submit(ro, rank)  # to the dead worker: the call fails, the executor recovers
+
+        def chunk_done(call: Any, res: dict[str, Any]) -> None:
+            final.update({t.request_id: list(t.response_ids) for t in res["trajectories"]})
+            done(call, res)
+
+        ex._submit_chunk, ex._chunk_done = submit_chunk, chunk_done
+
+    summary, events = run_with_policy(one_pipeline_dp2(), VerlPolicy("split"), cache, drill)
+    assert owned, "rank 1 never held a checkpoint with tokens while unfinished"
     assert summary["replaced_devices"] == [1]
     assert summary["failed_pipelines"] == []
     check_run(summary, events, {"arithmetic": 1}, batch=4)
+    rec = summary["recovered"]
+    assert rec["resumed"] == len(killed) >= 1
+    assert rec["resumed"] + rec["regenerated"] == len(owned)
+    assert rec["tokens_kept"] >= sum(1 for ids in killed.values() if ids) >= 1
+    for rid, ids in killed.items():  # resumed, not regenerated: the earlier tokens are kept
+        assert final[rid][:len(ids)] == ids
 
 
 def test_async_pipeline_respects_staleness(shared_ray: Any, cache: Path) -> None:

@@ -3,6 +3,8 @@ ownership moves with migrations, and results come back in index order exactly on
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 pytest.importorskip("ray")  # the package imports ray (executors/raycluster/__init__)
@@ -45,6 +47,31 @@ def test_ownership_moves_and_results_are_ordered_once() -> None:
         r.done = True
     assert ro.complete
     assert [t for t, _ in ro.ordered()] == ["t0", "t1", "t2", "t3"]
+
+
+def ckpt(tokens: int) -> SimpleNamespace:
+    """A stand-in ``ExportedRequest`` with ``tokens`` generated tokens."""
+    return SimpleNamespace(state=SimpleNamespace(output_ids=[7] * tokens))
+
+
+def test_dead_rank_resumes_checkpointed_requests_and_regenerates_the_rest() -> None:
+    ro = RolloutRT("p/0/rollout", "p", 0, 6, [RankRT(0, (0,), 1.0), RankRT(1, (1,), 1.0)])
+    ro.assign(0, [0, 1, 2])
+    ro.assign(1, [3, 4, 5])
+    ro.ranks[0].fresh = ro.ranks[1].fresh = []  # sent with the first slices
+    for i in (0, 3, 4):
+        ro.keep_checkpoint(i, ckpt(5), 2)
+    newer, older = ckpt(9), ckpt(4)
+    ro.keep_checkpoint(3, newer, 2)
+    ro.keep_checkpoint(3, older, 2)  # a late, older snapshot does not replace a newer one
+    assert ro.finished(4, "t4", 2) and 4 not in ro.checkpoints  # finished: checkpoint dropped
+    ro.keep_checkpoint(4, ckpt(6), 2)  # a late snapshot of a finished request is ignored
+    assert sorted(ro.checkpoints) == [0, 3]
+    resume, fresh = ro.recover(1, 0)
+    assert resume == [(newer, 2)] and fresh == [5]
+    assert ro.owned_by(0) == [0, 1, 2, 3, 5] and ro.owned_by(1) == []
+    assert ro.ranks[0].fresh == [5]
+    assert 3 in ro.checkpoints  # kept: still the latest state if rank 0 dies in turn
 
 
 @pytest.mark.parametrize(("rid", "want"), [("calc/3/2/1", (2, 1)), ("a/b/0/5/0", (5, 0))])

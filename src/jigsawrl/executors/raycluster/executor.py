@@ -22,10 +22,14 @@ per pipeline:
   load a newer version at the start of their next slice; ``offload``/``onload`` move the train
   state between a device and host memory for real, and a device over its memory budget first
   offloads its least recently used train states;
-- a device worker that dies is replaced on the same bundle and the requests it owned are
-  re-dispatched to a live rank of the same rollout (regenerated from their prompt); a pipeline
-  whose train state was on it fails with a clear error (``--resume`` restarts it from its last
-  checkpoint); any other failed call fails only its pipeline.
+- every ``checkpoint_s`` of a rank's rollout, its next slice also returns a snapshot of its
+  unfinished requests; the executor keeps the latest one of each request until it finishes;
+- a device worker that dies is replaced on the same bundle and the requests it owned go to a
+  live rank of the same rollout: resumed from their latest checkpoint (the tokens generated
+  since are generated again), or regenerated from their prompt when they have none
+  (``recovered`` counts both); a pipeline whose train state was on it fails with a clear error
+  (``--resume`` restarts it from its last checkpoint); any other failed call fails only its
+  pipeline.
 
 Compute shares (CPU): ``threads = max(1, round(share × threads_per_device × len(devices)))``
 torch threads for the call — the counterpart of an SM share on a GPU (MPS
@@ -76,6 +80,10 @@ from jigsawrl.workload.resolve import Experiment
 log = logging.getLogger(__name__)
 
 CHUNK_S = 0.2  # a rollout rank's time slice: short enough to react, long vs Ray's ~2 ms a call
+# A rank's requests are snapshot for fault recovery about once a second of its rollout: a snapshot
+# of 16 requests × 200 tokens costs ~2 ms (+ ~130 KB through Ray; docs/RAY.md), ~1% of a 0.2 s
+# slice if taken every slice, ~0.2% this way; a dead worker costs at most ~1 s of decoding.
+CHECKPOINT_S = 1.0
 TRAIN_STAGES = ("old_logprob", "ref_logprob", "actor_update")
 FLOPS_PER_TOKEN = {ROLLOUT: 2.0, "old_logprob": 2.0, "ref_logprob": 2.0, "actor_update": 6.0}
 BYTES_PER_PARAM_TRAIN = 16  # fp32 weights + grads + two AdamW moments (estimate until measured)
@@ -146,6 +154,8 @@ class RayExecutor:
         offsets: pipeline -> steps already done (resume: each restores its latest checkpoint).
         device_mem_bytes: per-device memory budget for train states (default: the accelerator's).
         chunk_s: a rollout rank's time slice.
+        checkpoint_s: how often (seconds of a rank's rollout) a slice also returns a snapshot of
+            the rank's unfinished requests (0: every slice).
         data_parallel: split log-prob and update stages over their devices' workers (False:
             one worker with all the devices' threads).
     """
@@ -156,11 +166,13 @@ class RayExecutor:
                  strict_rewards: bool = True, num_cpus: int | None = None,
                  ckpt_dir: Path | None = None, offsets: Mapping[str, int] | None = None,
                  device_mem_bytes: float | None = None, chunk_s: float = CHUNK_S,
-                 data_parallel: bool = True) -> None:
+                 checkpoint_s: float = CHECKPOINT_S, data_parallel: bool = True) -> None:
         if threads_per_device < 1:
             raise ValueError(f"threads_per_device must be >= 1, got {threads_per_device}")
         if chunk_s <= 0:
             raise ValueError(f"chunk_s must be > 0, got {chunk_s}")
+        if checkpoint_s < 0:
+            raise ValueError(f"checkpoint_s must be >= 0, got {checkpoint_s}")
         self.exp = exp
         self.address = address
         self.threads_per_device = threads_per_device
@@ -172,10 +184,14 @@ class RayExecutor:
         self.offsets = dict(offsets or {})
         self.mem_budget = float(device_mem_bytes or exp.accelerator.hbm_bytes)
         self.chunk_s = chunk_s
+        self.checkpoint_s = checkpoint_s
         self.data_parallel = data_parallel
         self.startup_s = 0.0
         self.moves: list[dict[str, Any]] = []  # measured offload/onload: bytes, seconds
         self.replaced_devices: list[int] = []
+        # requests of dead workers: resumed from a checkpoint, regenerated from the prompt, and
+        # the sampled tokens the resumed ones kept
+        self.recovered = {"resumed": 0, "regenerated": 0, "tokens_kept": 0}
         self._t0: float | None = None
         self._t0_wall = 0.0
         self._started_ray = False
@@ -328,8 +344,8 @@ class RayExecutor:
     def _launch_rollout(self, a: StartRollout, tid: str) -> None:
         spec = self._pipes[a.pipeline].spec
         n = spec.batch_size * spec.group_size
-        ranks = [RankRT(r, a.devices[r * a.tp:(r + 1) * a.tp], a.share)
-                 for r in range(len(a.devices) // a.tp)]
+        ranks = [RankRT(r, a.devices[r * a.tp:(r + 1) * a.tp], a.share,
+                        checkpoint_at=self.now_s) for r in range(len(a.devices) // a.tp)]
         ro = RolloutRT(tid, a.pipeline, a.step, n, ranks)
         for r, idx in enumerate(dispatch(n, spec.group_size, len(ranks), a.dispatch)):
             ro.assign(r, idx)
@@ -341,9 +357,12 @@ class RayExecutor:
         pipe, dev = self._pipes[ro.pipeline], self._devs[rank.device]
         weights = pipe.weights_ref if dev.versions.get(pipe.name) != pipe.version else None
         threads = self.threads_for(rank.share, len(rank.devices))
+        checkpoint = self.now_s - rank.checkpoint_at >= self.checkpoint_s
+        if checkpoint:
+            rank.checkpoint_at = self.now_s
         ref = dev.actor.gen_run.remote(pipe.name, ro.step, rank.index, self.chunk_s, threads,
                                        rank.fresh, weights, pipe.version, rank.force_reload,
-                                       *rank.incoming)
+                                       checkpoint, *rank.incoming)
         dev.versions[pipe.name] = pipe.version
         rank.fresh, rank.incoming, rank.force_reload, rank.timer_at = [], [], False, None
         rank.inflight = ref
@@ -571,6 +590,9 @@ class RayExecutor:
                     ro.pipeline, ro.step, traj.request_id, t_end, len(traj.prompt_ids),
                     len(traj.response_ids), 1 + traj.num_tool_calls, version,
                     int(sum(traj.response_mask))))
+        for item, version in res["checkpoint"]:
+            prompt, sample = request_index(item.state.request_id)
+            ro.keep_checkpoint(prompt * g + sample, item, version)
         self._after_chunk(ro, rank, res)
 
     def _after_chunk(self, ro: RolloutRT, rank: RankRT, res: dict[str, Any]) -> None:
@@ -681,16 +703,27 @@ class RayExecutor:
                     self._redispatch(ro, rank)
 
     def _redispatch(self, ro: RolloutRT, rank: RankRT) -> None:
-        """Give a dead rank's requests to the live rank with the fewest (regenerated there)."""
-        lost = ro.owned_by(rank.index)
+        """Give a dead rank's requests to the live rank with the fewest: each resumes there
+        from its latest checkpoint (with the weights version that generated it, for the
+        samples' version accounting), or is regenerated from its prompt if it has none.
+
+        Exports migrated to the dead rank and not yet taken in are dropped: their requests,
+        now owned by the dead rank, resume from their checkpoints like its own."""
         live = [r for r in ro.ranks if not r.done and r.device != rank.device]
         target = min(live, key=lambda r: len(ro.owned_by(r.index))) if live else rank
         rank.fresh, rank.incoming = [], []
         if target is not rank:
             rank.done, rank.migrate_to = True, target.index
-        ro.assign(target.index, lost)
-        log.warning("%s: %d requests of rank %d re-dispatched to rank %d", ro.tid, len(lost),
-                    rank.index, target.index)
+        resume, fresh = ro.recover(rank.index, target.index)
+        if resume:
+            target.incoming.append(resume)
+        kept = sum(item.state.num_generated for item, _ in resume)
+        self.recovered["resumed"] += len(resume)
+        self.recovered["regenerated"] += len(fresh)
+        self.recovered["tokens_kept"] += kept
+        log.warning("%s: requests of rank %d moved to rank %d: %d resumed from checkpoints "
+                    "(%d sampled tokens kept), %d regenerated from their prompts", ro.tid,
+                    rank.index, target.index, len(resume), kept, len(fresh))
         if target.inflight is None:
             target.done = False
             self._submit_chunk(ro, target)

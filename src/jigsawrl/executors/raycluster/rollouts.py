@@ -3,13 +3,15 @@
 What: a rollout of ``n`` requests runs on ``R`` ranks (one device worker each; a rank of a
 ``tp > 1`` rollout runs on its first device with ``tp`` devices' threads). The executor tracks,
 per request *index* (position in the step's request list, groups contiguous), which rank owns
-it until its trajectory comes back, so that a migration moves ownership, a dead worker's
-requests are re-dispatched, and the finished trajectories are reassembled in index order
-(GRPO groups in order) with none lost or duplicated.
+it until its trajectory comes back, and the latest checkpoint of each unfinished request (a
+worker's ``RolloutSession.snapshot``), so that a migration moves ownership, a dead worker's
+requests resume elsewhere from their checkpoints (or are regenerated when they have none), and
+the finished trajectories are reassembled in index order (GRPO groups in order) with none lost
+or duplicated.
 
 Why indices and not ids: a request is rebuilt from ``(seed, step, index)`` on any worker, so
-re-dispatching after a worker death needs only the index (the regenerated request samples from
-the same seeded generator).
+re-dispatching a request that has no checkpoint after a worker death needs only the index (the
+regenerated request samples from the same seeded generator).
 
 Plain Python: no ray import (unit-tested on its own).
 """
@@ -64,6 +66,7 @@ class RankRT:
     timer_at: float | None = None  # next slice after a tool wait (executor clock)
     done: bool = False
     migrate_to: int | None = None  # a source rank of a migration: stops after this slice
+    checkpoint_at: float = 0.0  # executor clock of the last slice asked for a checkpoint
     force_reload: bool = False  # AReaL interrupt: reload weights at the next slice
     unfinished: int = -1  # last reported
 
@@ -83,6 +86,8 @@ class RolloutRT:
     ranks: list[RankRT]
     owner: dict[int, int] = field(default_factory=dict)  # request index -> rank index
     results: dict[int, tuple[Any, int]] = field(default_factory=dict)  # index -> (traj, version)
+    # index -> (ExportedRequest, weights version): latest checkpoint of an unfinished request
+    checkpoints: dict[int, tuple[Any, int]] = field(default_factory=dict)
 
     def assign(self, rank: int, indices: list[int]) -> None:
         for i in indices:
@@ -95,7 +100,35 @@ class RolloutRT:
             return False
         self.results[index] = (traj, version)
         self.owner.pop(index, None)
+        self.checkpoints.pop(index, None)
         return True
+
+    def keep_checkpoint(self, index: int, item: Any, version: int) -> None:
+        """Keep ``item`` (an ``ExportedRequest``) as the request's latest checkpoint.
+
+        A request that already finished keeps none; an older snapshot arriving late (results
+        of two ranks read in one batch, after a migration) does not replace a newer one: the
+        output of a request only grows, so its length orders its snapshots.
+        """
+        if index in self.results:
+            return
+        old = self.checkpoints.get(index)
+        if old is None or len(item.state.output_ids) >= len(old[0].state.output_ids):
+            self.checkpoints[index] = (item, version)
+
+    def recover(self, dead: int, target: int) -> tuple[list[tuple[Any, int]], list[int]]:
+        """Ownership of the unfinished requests of rank ``dead`` (its worker died) goes to
+        ``target``. Returns ``(resume, fresh)``: the ``(ExportedRequest, version)`` checkpoints to
+        resume there, and the indices that have none (added to ``target``'s fresh requests, to
+        be regenerated from their prompts). The checkpoints are kept: if ``target`` dies too
+        before taking newer ones, they are still the latest state."""
+        lost = self.owned_by(dead)
+        resume = [self.checkpoints[i] for i in lost if i in self.checkpoints]
+        fresh = [i for i in lost if i not in self.checkpoints]
+        for i in lost:
+            self.owner[i] = target
+        self.ranks[target].fresh.extend(fresh)
+        return resume, fresh
 
     def owned_by(self, rank: int) -> list[int]:
         return sorted(i for i, r in self.owner.items() if r == rank)
