@@ -234,7 +234,9 @@ class RayExecutor:
                 dev.node_id = info["node_id"]
             self._node_ids = [d.node_id for d in self._devs]
             self._init_pipelines()
+            rewards_up = [(p, p.reward.ready.remote()) for p in self._pipes.values()]
             ray.get([d.actor.warm.remote() for d in self._devs])
+            self._await_rewards(rewards_up)
             self._preload_weights()
         except BaseException:
             self.close()
@@ -277,6 +279,17 @@ class RayExecutor:
                          info["resumed_step"])
             except Exception as exc:  # noqa: BLE001 - reported as this pipeline's failure
                 pipe.lost = f"could not start: {_first_line(exc)}"
+                log.error("pipeline %s %s", pipe.name, pipe.lost)
+
+    def _await_rewards(self, calls: list[tuple[_Pipe, Any]]) -> None:
+        """Wait until every reward worker's process is up, so that the run clock starts with
+        no process still importing (three of them starting measured ~0.4 s added to the first
+        rollout slice); one that cannot start fails its pipeline only."""
+        for pipe, ref in calls:
+            try:
+                ray.get(ref)
+            except Exception as exc:  # noqa: BLE001 - reported as this pipeline's failure
+                pipe.lost = pipe.lost or f"its reward worker could not start: {_first_line(exc)}"
                 log.error("pipeline %s %s", pipe.name, pipe.lost)
 
     def _preload_weights(self) -> None:
