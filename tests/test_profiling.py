@@ -24,6 +24,7 @@ from jigsawrl.profiling import (
     ProfileSettings,
     build_profile,
     fit_decode,
+    fit_runtime,
     nnls,
     parse_threads,
     slowdown_table,
@@ -65,6 +66,13 @@ def _raw(rng: np.random.Generator | None = None, share: float = 1.0,
         "weight_sync": {"time_s": noisy(2 * MODEL.weight_bytes() / TRUE["bw"] + TRUE["sync"])},
         "memcpy": {"bytes": nbytes, "time_s": 2 * nbytes / TRUE["bw"]},
     }
+
+
+def load_profile_doc() -> tuple[Any, Any]:
+    """The accelerator and params of the synthetic profile (no runtime pass)."""
+    from jigsawrl.costmodel.profile import cost_inputs
+
+    return cost_inputs(_profile())
 
 
 def _profile(rng: np.random.Generator | None = None) -> dict[str, Any]:
@@ -162,6 +170,39 @@ def test_quick_profile_end_to_end(tmp_path: Path) -> None:
         errors.append(pred / q["time_s"] - 1.0)
     print("decode prediction errors:", [f"{e:+.1%}" for e in errors])
     assert all(-0.5 < e < 1.0 for e in errors), errors
+    # the runtime pass ran (through a local Ray) and its costs are in the cost model
+    assert params.call_overhead_s > 0 and params.worker_link_bytes_per_s > 0
+    assert 0 < params.reward_s_per_sample < 0.01 and params.train_pads_rows
+
+
+def test_fit_runtime_recovers_the_transfer_line() -> None:
+    call, lat, bw = 1e-3, 4e-3, 2e8
+    raw = {"reward_s_per_sample": 5e-5, "ray": {"call_s": call, "transfer": [
+        {"bytes": b, "time_s": 2 * call + lat + b / bw} for b in (4e6, 5e5)]}}
+    fit = fit_runtime(raw)
+    assert fit["call_overhead_s"] == fit["reward_overhead_s"] == call
+    assert fit["worker_link_bytes_per_s"] == pytest.approx(bw)
+    assert fit["worker_link_latency_s"] == pytest.approx(lat)
+    assert fit["reward_s_per_sample"] == 5e-5
+    assert fit_runtime({}) == {}
+    assert "call_overhead_s" not in fit_runtime({"reward_s_per_sample": 1e-5})  # no Ray
+
+
+def test_dispatch_time_adds_calls_and_weight_moves() -> None:
+    import dataclasses
+
+    accel, params = load_profile_doc()
+    cm = CostModel(accel, params=params)
+    assert cm.dispatch_time_s(MODEL, "actor_update", 2) == 0.0  # nothing measured: not modelled
+    p = dataclasses.replace(params, call_overhead_s=1e-3, worker_link_bytes_per_s=4e8,
+                            worker_link_latency_s=2e-3)
+    cm = CostModel(accel, params=p)
+    move = 2e-3 + 4 * MODEL.num_params / 4e8  # fp32 weights
+    assert cm.dispatch_time_s(MODEL, "reward", 1) == 0.0  # its call is reward_overhead_s
+    assert cm.dispatch_time_s(MODEL, "old_logprob", 1) == pytest.approx(1e-3)
+    assert cm.dispatch_time_s(MODEL, "old_logprob", 2) == pytest.approx(1e-3 + move)
+    assert cm.dispatch_time_s(MODEL, "actor_update", 2) == pytest.approx(1e-3 + 2 * move)
+    assert cm.dispatch_time_s(MODEL, "weight_sync", 1) == pytest.approx(1e-3 + move)
 
 
 @pytest.mark.torch

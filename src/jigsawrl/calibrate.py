@@ -266,6 +266,9 @@ class Calibration:
     sim_summary: dict[str, Any]
     sim_events: list[Event] = field(default_factory=list, repr=False)
     notes: list[str] = field(default_factory=list)
+    # pipeline -> stage timing (``StepFinished.timings_s`` keys) -> mean seconds per step:
+    # where a step-latency miss comes from (shown, not judged)
+    stages: dict[str, dict[str, Compared]] = field(default_factory=dict)
 
     # Quantities the 10% aim applies to (busy fraction is shown, not judged).
     JUDGED_POOL = ("makespan_s", "throughput_tokens_per_s")
@@ -290,7 +293,9 @@ class Calibration:
                 "max_abs_rel_error": self.max_abs_rel_error,
                 "pool": {k: c.to_json() for k, c in self.pool.items()},
                 "pipelines": {p: {k: c.to_json() for k, c in d.items()}
-                              for p, d in self.pipelines.items()}, "notes": self.notes}
+                              for p, d in self.pipelines.items()},
+                "stages": {p: {k: c.to_json() for k, c in d.items()}
+                           for p, d in self.stages.items()}, "notes": self.notes}
 
 
 def truth_cost(exp: Experiment, profile: str | Path | None) -> CostModel:
@@ -357,6 +362,24 @@ def compare_summaries(measured: Mapping[str, Any], predicted: Mapping[str, Any]
     return pool, pipes
 
 
+def mean_stage_times(events: Iterable[Event]) -> dict[str, dict[str, float]]:
+    """Pipeline -> ``StepFinished.timings_s`` key -> mean seconds over the pipeline's steps."""
+    sums: dict[str, dict[str, list[float]]] = {}
+    for e in events:
+        if isinstance(e, StepFinished):
+            for key, value in e.timings_s.items():
+                sums.setdefault(e.pipeline, {}).setdefault(key, []).append(value)
+    return {p: {k: sum(v) / len(v) for k, v in d.items()} for p, d in sums.items()}
+
+
+def compare_stages(measured: Iterable[Event], predicted: Iterable[Event]
+                   ) -> dict[str, dict[str, Compared]]:
+    """Mean per-stage step timings of a real run beside those of its prediction."""
+    got, want = mean_stage_times(measured), mean_stage_times(predicted)
+    return {p: {k: Compared(v, want.get(p, {}).get(k)) for k, v in d.items()}
+            for p, d in got.items()}
+
+
 def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, int | float) and math.isfinite(v) else None
 
@@ -393,7 +416,8 @@ def calibrate(cfg: ExperimentConfig, events: Sequence[Event], policy: str, *,
     truth = truth_cost(exp, profile)
     sim_summary, sim_events = simulate_replay(replay, policy, truth)
     pool, pipes = compare_summaries(measured, sim_summary)
-    cal = Calibration(policy, truth.accel.source, pool, pipes, sim_summary, sim_events, notes)
+    cal = Calibration(policy, truth.accel.source, pool, pipes, sim_summary, sim_events, notes,
+                      compare_stages(events, sim_events))
     log.info("calibration of %s: max |error| %s (target %.0f%%)", policy,
              "n/a" if cal.max_abs_rel_error is None else f"{cal.max_abs_rel_error:.1%}",
              100 * TARGET_REL_ERROR)

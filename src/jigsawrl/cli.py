@@ -14,6 +14,7 @@ Examples::
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -266,6 +267,8 @@ def profile(
     out_path: Annotated[Path, typer.Option("--out", help="profile YAML")] = Path(
         "profiles/cpu.yaml"),
     quick: Annotated[bool, typer.Option(help="smaller grid (~10 s per thread count)")] = False,
+    runtime: Annotated[bool, typer.Option(
+        help="also measure reward scoring and Ray call / weight-transfer costs (~10 s)")] = True,
 ) -> None:
     """Measure this CPU's sub-stage costs with the real engine; write a cost-model profile."""
     import statistics
@@ -281,6 +284,7 @@ def profile(
     counts = parse_threads(threads)
     settings = (ProfileSettings.quick(model, counts) if quick
                 else ProfileSettings(model=model, threads=counts))
+    settings = dataclasses.replace(settings, runtime=runtime)
     t0 = time.perf_counter()
     doc = run_profile(settings, on_threads=lambda n: err.print(f"measuring at {n} thread(s)"))
     write_profile(doc, out_path)
@@ -290,7 +294,7 @@ def profile(
     table.add_column("fitted value")
     table.add_column("", justify="right")
     for key, value in {**fitted["accelerator"], **fitted["params"]}.items():
-        table.add_row(key, f"{value:.4g}")
+        table.add_row(key, str(value).lower() if isinstance(value, bool) else f"{value:.4g}")
     errors = [abs(r["rel_error"]) for r in fitted["decode_errors"]]
     table.caption = (f"decode-iteration prediction error on {len(errors)} measured points: "
                      f"median {statistics.median(errors):.0%}, max {max(errors):.0%}")

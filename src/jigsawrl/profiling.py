@@ -9,7 +9,10 @@ worker's "compute share"), time
 - log-probs (``compute_logprobs``) and one GRPO update (forward + backward + AdamW) on a
   :class:`~jigsawrl.engine.trainer.TrainBatch`;
 - weight sync: ``RolloutEngine.load_weights`` of the trainer's state dict into the engine's model;
-- a plain memory copy (the memory bandwidth the cost model's memory terms use),
+- a plain memory copy (the memory bandwidth the cost model's memory terms use);
+- once, not per thread count (``runtime``): the built-in tasks' reward functions per sample, and
+  through Ray between two worker processes an actor call and a transfer of the model's weights
+  (:mod:`jigsawrl.executors.raycluster.probe`): what a real run pays per stage beside compute,
 
 then fit the :class:`~jigsawrl.costmodel.CostModel`'s own shape at the largest thread count
 (the full share) and write a YAML profile that :func:`jigsawrl.costmodel.profile.load_profile`
@@ -48,7 +51,7 @@ import numpy as np
 import yaml
 
 from jigsawrl.costmodel.model import CostModel
-from jigsawrl.costmodel.profile import PROFILE_VERSION, UNPROFILED_PARAMS, cost_inputs
+from jigsawrl.costmodel.profile import PROFILE_VERSION, cost_inputs
 from jigsawrl.costmodel.roofline import CostParams, prefill_flops
 from jigsawrl.errors import ConfigError
 from jigsawrl.workload.models import ModelSpec
@@ -79,6 +82,7 @@ class ProfileSettings:
     train_len: int = 128
     repeats: int = 3
     seed: int = 0
+    runtime: bool = True  # also measure reward and Ray call / transfer costs (see module doc)
 
     @classmethod
     def quick(cls, model: str = "qwen2-1m", threads: tuple[int, ...] = (1,)) -> ProfileSettings:
@@ -218,6 +222,29 @@ def fit_params(model: ModelSpec, raw_by_threads: dict[int, dict[str, Any]]) -> d
     return {"accelerator": accel, "params": params, "rates_flops_per_s": rates}
 
 
+def fit_runtime(runtime: dict[str, Any]) -> dict[str, float]:
+    """CostParams of the runtime measurements (see :func:`measure_runtime`); {} when absent.
+
+    The transfer line ``time = 2 call + latency + bytes / bandwidth`` goes through the two
+    measured sizes (each transfer is two actor calls: one hands the tensors out, one takes
+    them); a reward call is one actor call plus the per-sample scoring.
+    """
+    params: dict[str, float] = {}
+    if runtime.get("reward_s_per_sample") is not None:
+        params["reward_s_per_sample"] = float(runtime["reward_s_per_sample"])
+    ray_raw = runtime.get("ray")
+    if not ray_raw:
+        return params
+    call = float(ray_raw["call_s"])
+    (b1, t1), (b2, t2) = sorted((float(q["bytes"]), float(q["time_s"]))
+                                for q in ray_raw["transfer"])
+    slope = (t2 - t1) / (b2 - b1) if b2 > b1 and t2 > t1 else t2 / max(b2, 1.0)
+    params.update(call_overhead_s=call, reward_overhead_s=call,
+                  worker_link_bytes_per_s=1.0 / slope,
+                  worker_link_latency_s=max(t1 - b1 * slope - 2.0 * call, 0.0))
+    return params
+
+
 def pass_line(raw: dict[str, Any], key: str, fixed_s: float) -> tuple[float, float]:
     """Seconds per token and fixed seconds per call of a log-prob or update pass.
 
@@ -280,13 +307,18 @@ def decode_errors(doc: dict[str, Any], model: ModelSpec) -> list[dict[str, float
 
 
 def build_profile(model: ModelSpec, settings: ProfileSettings, raw: dict[int, dict[str, Any]],
-                  machine: dict[str, Any]) -> dict[str, Any]:
-    """The profile document: machine, model, settings, raw medians and fitted values."""
+                  machine: dict[str, Any], runtime: dict[str, Any] | None = None
+                  ) -> dict[str, Any]:
+    """The profile document: machine, model, settings, raw medians and fitted values
+    (``runtime``: :func:`measure_runtime`'s result, when measured)."""
     top = max(raw)
     fitted = fit_params(model, raw)
+    fitted["params"].update(fit_runtime(runtime or {}))
     fitted["full_share_threads"] = top
     fitted["slowdown"] = slowdown_table(raw)
-    fitted["unprofiled_params"] = {name: getattr(CostParams(), name) for name in UNPROFILED_PARAMS}
+    fitted["unprofiled_params"] = {f.name: getattr(CostParams(), f.name)
+                                   for f in dataclasses.fields(CostParams)
+                                   if f.name not in fitted["params"]}
     date = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
     doc = {
         "version": PROFILE_VERSION,
@@ -296,6 +328,7 @@ def build_profile(model: ModelSpec, settings: ProfileSettings, raw: dict[int, di
         "settings": {k: list(v) if isinstance(v, tuple) else v
                      for k, v in asdict(settings).items()},
         "raw": {str(t): raw[t] for t in sorted(raw)},
+        "raw_runtime": runtime or {},
         "fitted": fitted,
     }
     doc["fitted"]["decode_errors"] = decode_errors(doc, model)
@@ -460,6 +493,39 @@ def measure_threads(settings: ProfileSettings, threads: int, models: tuple[Any, 
     return {**out, **_train_side(trainer_model, engine_model, tok, settings)}
 
 
+def measure_rewards(seed: int = 0, per_task: int = 32) -> float:
+    """Median seconds per sample of the built-in tasks' reward functions (what a reward
+    worker runs per sample), each scoring its examples' ground truths and a wrong answer."""
+    from jigsawrl.tasks import get_task, list_tasks, safe_score
+
+    per_sample = []
+    for name in list_tasks():
+        task = get_task(name)
+        examples = task.make_dataset(per_task, seed)
+        answers = [(ex.ground_truth, ex) for ex in examples] + [("<answer>0</answer>", ex)
+                                                                for ex in examples]
+        t0 = time.perf_counter()
+        for text, ex in answers:
+            safe_score(task, str(text), ex)
+        per_sample.append((time.perf_counter() - t0) / len(answers))
+        log.info("reward %s: %.3f ms per sample", name, 1e3 * per_sample[-1])
+    return statistics.median(per_sample)
+
+
+def measure_runtime(settings: ProfileSettings, engine_model: Any) -> dict[str, Any]:
+    """Reward scoring per sample, and (when Ray is installed) an actor call and a transfer of
+    ``engine_model``'s fp32 weights between two Ray worker processes."""
+    out: dict[str, Any] = {"reward_s_per_sample": measure_rewards(settings.seed)}
+    try:
+        from jigsawrl.executors.raycluster.probe import measure_transport
+    except ImportError as exc:
+        log.warning("Ray call and transfer costs not profiled (%s)", exc)
+        return out
+    weights = {k: v.detach().float().clone() for k, v in engine_model.state_dict().items()}
+    out["ray"] = measure_transport(weights, reps=max(5, 3 * settings.repeats))
+    return out
+
+
 def run_profile(settings: ProfileSettings,
                 on_threads: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Measure every thread count of ``settings`` and return the profile document.
@@ -484,4 +550,5 @@ def run_profile(settings: ProfileSettings,
             raw[threads] = measure_threads(settings, threads, (engine_model, trainer_model, tok))
     finally:
         torch.set_num_threads(before)
-    return build_profile(spec, settings, raw, machine_info())
+    runtime = measure_runtime(settings, engine_model) if settings.runtime else None
+    return build_profile(spec, settings, raw, machine_info(), runtime)

@@ -29,6 +29,7 @@ import numpy as np
 
 from jigsawrl.costmodel import memory, slowdown
 from jigsawrl.costmodel.roofline import (
+    FP32_BYTES,
     CostParams,
     decode_flops,
     kv_bytes_per_token_per_device,
@@ -343,6 +344,23 @@ class CostModel:
         per_device = nbytes / max(1, n_devices)
         t = per_device / self.accel.host_link_bytes_per_s + self.params.host_transfer_latency_s
         return self._out(t, noise)
+
+    def dispatch_time_s(self, model: ModelSpec, stage: str, n_devices: int) -> float:
+        """What a worker pool adds to ``stage`` beside its compute: the call to the worker, and
+        the fp32 weights moved to data-parallel helpers (update: and the gradients back) or to
+        the rollout engines (weight sync). See ``CostParams.call_overhead_s``; 0 by default."""
+        p = self.params
+        t = p.call_overhead_s if stage != "reward" else 0.0  # reward_overhead_s has its call
+        if p.worker_link_bytes_per_s <= 0:
+            return t
+        moves = {"old_logprob": 1, "ref_logprob": 1, "actor_update": 2}.get(stage, 0)
+        if n_devices < 2:
+            moves = 0
+        if stage == "weight_sync":
+            moves = 1
+        per_move = (p.worker_link_latency_s
+                    + model.weight_bytes(FP32_BYTES) / p.worker_link_bytes_per_s)
+        return t + moves * per_move
 
     def reward_time_s(self, num_samples: int, *, noise: float | None = None) -> float:
         """Rule-based reward on CPU: a fixed overhead plus a constant per sample."""

@@ -75,6 +75,15 @@ class CostParams:
     # padding (jigsawrl's CPU trainer: `jigsawrl profile` sets it). False: padding is removed
     # (verl's use_remove_padding; the GPU presets), so passes cost their real tokens.
     train_pads_rows: bool = False
+    # What running a stage on a pool of worker processes adds beside its compute (the Ray
+    # executor on CPU; `jigsawrl profile` measures these through Ray): a driver -> worker ->
+    # driver call per stage, and moving the model's fp32 weights (or gradients) between workers
+    # through the object store: to the helpers of a data-parallel log-prob or update (and the
+    # gradients back) and to the engines at a weight sync. 0 = not modelled (the GPU presets,
+    # whose collectives are modelled above and whose call costs fold into the overheads).
+    call_overhead_s: float = 0.0
+    worker_link_bytes_per_s: float = 0.0
+    worker_link_latency_s: float = 0.0
     # Fixed cost of one host transfer call: pinned-buffer setup, synchronisation (assumption).
     host_transfer_latency_s: float = 1e-3
     # Rule-based reward (regex / math-verify) on one CPU core, per sample (assumption: ~2 ms,

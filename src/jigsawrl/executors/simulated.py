@@ -469,6 +469,8 @@ class SimulatedExecutor:
         tid = task_id(a.pipeline, a.step, a.stage)
         n = len(a.devices) or self.exp.num_devices  # a host stage may name no device
         full_s, flops, tokens = self._stage_cost(pipe, a.step, a.stage, n)
+        if a.stage not in ("offload", "onload"):
+            full_s += self.cost.dispatch_time_s(pipe.model, a.stage, n)
         w = _Work(tid, pipe, a.step, a.stage, a.devices, a.share, full_s, self.q.now_s, flops,
                   tokens, total_full_s=full_s, span_start_s=self.q.now_s)
         self._works[tid] = w
