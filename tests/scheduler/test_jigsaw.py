@@ -182,3 +182,11 @@ def test_several_train_states_run_compute_stages_side_by_side() -> None:
 
     assert not overlapping(1)
     assert overlapping(2)
+
+
+def test_params_of_another_scheduler_are_a_clear_config_error() -> None:
+    from jigsawrl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="max_train_states") as exc:
+        get_policy("verl-serial", {"max_train_states": 3})
+    assert exc.value.where == "scheduler.params" and "scheduler.name" in (exc.value.fix or "")

@@ -258,7 +258,10 @@ def get_policy(name: str, params: Mapping[str, Any] | None = None) -> Policy:
         return _REGISTRY[name](**dict(params or {}))
     except TypeError as exc:
         raise ConfigError(f"bad params for scheduler {name!r}: {exc}",
-                          where="scheduler.params") from None
+                          where="scheduler.params",
+                          fix=f"give only parameters {name!r} accepts (params written for "
+                              "another scheduler do not carry over when scheduler.name "
+                              "changes: edit or remove scheduler.params)") from None
 
 
 def list_policies() -> list[str]:
