@@ -50,10 +50,11 @@ from typing import Any
 import numpy as np
 
 from jigsawrl.config import ExperimentConfig, PipelineSpec
-from jigsawrl.costmodel import CostModel, CostParams
+from jigsawrl.costmodel import CostModel
 from jigsawrl.errors import InputError
 from jigsawrl.events import Event, SampleFinished, StepFinished
 from jigsawrl.metrics.summary import RunInfo, summarize
+from jigsawrl.workload.realpresets import cpu_worker_params
 from jigsawrl.workload.requests import RequestTruth, TurnTruth
 from jigsawrl.workload.resolve import Experiment
 
@@ -303,7 +304,7 @@ def truth_cost(exp: Experiment, profile: str | Path | None) -> CostModel:
     built-in ``cpu-worker`` preset when ``profile`` is None."""
     per_node = exp.config.cluster.accelerators_per_node
     if profile is None:
-        return CostModel(exp.accelerator, params=CostParams(devices_per_node=per_node))
+        return CostModel(exp.accelerator, params=cpu_worker_params(per_node))
     from jigsawrl.costmodel.profile import load_profile
 
     accel, params = load_profile(profile)
@@ -326,8 +327,8 @@ def simulate_replay(exp: Experiment, policy: str, truth: CostModel, *,
     cfg = exp.config
     pol = get_policy(policy, dict(params) if params is not None else (
         params_for(cfg.scheduler.name, cfg.scheduler.params, policy)))
-    belief = CostModel(exp.accelerator, params=CostParams(
-        devices_per_node=cfg.cluster.accelerators_per_node))
+    belief = CostModel(exp.accelerator,
+                       params=cpu_worker_params(cfg.cluster.accelerators_per_node))
     executor = SimulatedExecutor(exp, truth_cost=truth, seed=cfg.seed)
     result = Driver(exp, pol, executor, belief).run()
     info = RunInfo(name=f"{cfg.name or 'real-run'} (predicted)", policy=policy, seed=cfg.seed,

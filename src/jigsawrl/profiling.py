@@ -55,6 +55,7 @@ from jigsawrl.costmodel.profile import PROFILE_VERSION, cost_inputs
 from jigsawrl.costmodel.roofline import CostParams, prefill_flops
 from jigsawrl.errors import ConfigError
 from jigsawrl.workload.models import ModelSpec
+from jigsawrl.workload.realpresets import cpu_worker_params
 
 log = logging.getLogger(__name__)
 
@@ -316,7 +317,8 @@ def build_profile(model: ModelSpec, settings: ProfileSettings, raw: dict[int, di
     fitted["params"].update(fit_runtime(runtime or {}))
     fitted["full_share_threads"] = top
     fitted["slowdown"] = slowdown_table(raw)
-    fitted["unprofiled_params"] = {f.name: getattr(CostParams(), f.name)
+    base = cpu_worker_params(CostParams().devices_per_node)
+    fitted["unprofiled_params"] = {f.name: getattr(base, f.name)
                                    for f in dataclasses.fields(CostParams)
                                    if f.name not in fitted["params"]}
     date = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")

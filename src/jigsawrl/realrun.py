@@ -31,7 +31,7 @@ from jigsawrl.config import ExperimentConfig, PipelineSpec, dump_config
 from jigsawrl.errors import ConfigError
 from jigsawrl.events import Event
 from jigsawrl.metrics.summary import RunInfo, summarize
-from jigsawrl.workload.realpresets import REAL_ACCELERATORS, engine_model_spec
+from jigsawrl.workload.realpresets import REAL_ACCELERATORS, cpu_worker_params, engine_model_spec
 from jigsawrl.workload.resolve import Experiment, ResolvedPipeline
 from jigsawrl.workload.tasks import RequestSampler, TaskSpec
 
@@ -159,7 +159,7 @@ def run_real(cfg: ExperimentConfig, *, policy: str | None = None, address: str |
         InputError: ``resume`` without a checkpoint.
         jigsawrl.driver.loop.SchedulerStalled: the policy started nothing while nothing ran.
     """
-    from jigsawrl.costmodel import CostModel, CostParams
+    from jigsawrl.costmodel import CostModel
     from jigsawrl.driver.loop import Driver
     from jigsawrl.executors.raycluster import RayExecutor
     from jigsawrl.scheduler import get_policy
@@ -179,8 +179,8 @@ def run_real(cfg: ExperimentConfig, *, policy: str | None = None, address: str |
     if len(getattr(pol, "variants", lambda: [pol])()) > 1:
         raise ConfigError(f"{name!r} compares several placements, one real run each",
                           where="scheduler.name", fix="use verl-split or verl-serial")
-    belief = CostModel(exp.accelerator, params=CostParams(
-        devices_per_node=cfg.cluster.accelerators_per_node))
+    belief = CostModel(exp.accelerator,
+                       params=cpu_worker_params(cfg.cluster.accelerators_per_node))
     executor = RayExecutor(exp, address=address, threads_per_device=threads_per_device,
                            cache_dir=cache_dir, reward_fns=reward_fns,
                            strict_rewards=strict_rewards,

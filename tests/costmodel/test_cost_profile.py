@@ -23,6 +23,7 @@ from jigsawrl.costmodel.profile import (
 )
 from jigsawrl.errors import InputError
 from jigsawrl.workload.models import ModelSpec
+from jigsawrl.workload.realpresets import CPU_WORKER_S_SAT
 
 DOC: dict[str, Any] = {
     "version": 1,
@@ -54,7 +55,8 @@ def test_round_trip_sets_accelerator_and_params(tmp_path: Path) -> None:
     assert DOC["source"] in accel.source
     for key in PARAM_KEYS:
         assert getattr(params, key) == DOC["fitted"]["params"][key]
-    assert params.s_sat == CostParams().s_sat  # not profiled: the documented assumption
+    assert params.s_sat == CPU_WORKER_S_SAT  # not profiled: a CPU worker time-slices
+    assert params.comm_overlap == CostParams().comm_overlap  # not profiled: the assumption
     cm = CostModel(accel, params=params)
     # 6 ms + 1e-4 s/seq + (2 P b + A ctx) / (0.5 * 5e10): the profile's decode line.
     expected = 6e-3 + 1e-4 * 4 + (2e6 * 4 + MODEL.attn_flops_per_token_per_ctx() * 400) / 2.5e10

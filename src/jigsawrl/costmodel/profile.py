@@ -33,7 +33,7 @@ import yaml
 from jigsawrl.costmodel.roofline import CostParams
 from jigsawrl.errors import InputError
 from jigsawrl.workload.accelerators import AcceleratorSpec
-from jigsawrl.workload.realpresets import CPU_ACCELERATOR
+from jigsawrl.workload.realpresets import CPU_ACCELERATOR, cpu_worker_params
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,8 @@ def cost_inputs(doc: dict[str, Any], where: str = "profile") -> tuple[Accelerato
                                  where=f"{where}: fitted.params", fix=_FIX)
             param_vals[key] = param_sec[key]
     try:
-        params = dataclasses.replace(CostParams(), **param_vals)
+        params = dataclasses.replace(cpu_worker_params(CostParams().devices_per_node),
+                                     **param_vals)
     except ValueError as exc:
         raise InputError(str(exc), where=f"{where}: fitted.params", fix=_FIX) from exc
     accel = dataclasses.replace(CPU_ACCELERATOR, **accel_vals,

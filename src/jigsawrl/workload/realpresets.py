@@ -19,6 +19,7 @@ Importing this module does not import torch: ``ENGINE_MODELS`` is read lazily.
 
 from __future__ import annotations
 
+from jigsawrl.costmodel.roofline import CostParams
 from jigsawrl.errors import ConfigError
 from jigsawrl.workload.accelerators import GB, AcceleratorSpec
 from jigsawrl.workload.models import ModelSpec
@@ -52,6 +53,18 @@ CPU_ACCELERATOR = AcceleratorSpec(
 )
 
 REAL_ACCELERATORS: dict[str, AcceleratorSpec] = {CPU_ACCELERATOR.name: CPU_ACCELERATOR}
+
+# A CPU worker runs one call at a time (docs/RAY.md, "Compute shares on a CPU"): co-located
+# sub-stages time-slice it, so a share s of the device gives s of its memory bandwidth too.
+# s_sat = 1 says so (the GPU default, 0.4, lets a decode at 40% of the SMs use all of HBM —
+# true of a GPU, where co-located kernels run at once, and false here).
+CPU_WORKER_S_SAT = 1.0
+
+
+def cpu_worker_params(devices_per_node: int) -> CostParams:
+    """The cost-model parameters of a pool of Ray CPU workers (the belief of a real run and
+    the base that a CPU profile's measured values replace)."""
+    return CostParams(devices_per_node=devices_per_node, s_sat=CPU_WORKER_S_SAT)
 
 
 def engine_model_spec(preset: str) -> ModelSpec:
