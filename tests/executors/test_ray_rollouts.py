@@ -93,3 +93,19 @@ def test_unreachable_cluster_is_a_clear_error() -> None:
     with pytest.raises(ConfigError, match="no Ray cluster answers"):
         _check_reachable("127.0.0.1:1")
     _check_reachable("auto")  # left to Ray
+
+
+def test_busy_on_sees_a_pipelines_calls_and_helpers_on_a_device() -> None:
+    """An offload runs beside other pipelines' calls only when none of its own pipeline's calls
+    is queued or running on that worker (RayExecutor._busy_on)."""
+    from jigsawrl.executors.raycluster.executor import RayExecutor, _Call
+
+    ex = RayExecutor.__new__(RayExecutor)
+    ex._calls = {
+        "a": _Call("stage", "p", 0, "actor_update", (0,), 1.0, extra=(1,)),  # helper on 1
+        "b": _Call("chunk", "q", 0, "rollout", (2,), 1.0),
+        "c": _Call("stage", "r", 0, "weight_sync", (), 0.0, extra=object()),  # a weights ref
+    }
+    assert ex._busy_on("p", 0) and ex._busy_on("p", 1) and not ex._busy_on("p", 2)
+    assert ex._busy_on("q", 2) and not ex._busy_on("q", 0)
+    assert not ex._busy_on("r", 0)
