@@ -317,7 +317,7 @@ def build_profile(model: ModelSpec, settings: ProfileSettings, raw: dict[int, di
     fitted["params"].update(fit_runtime(runtime or {}))
     fitted["full_share_threads"] = top
     fitted["slowdown"] = slowdown_table(raw)
-    base = cpu_worker_params(CostParams().devices_per_node)
+    base = cpu_worker_params()
     fitted["unprofiled_params"] = {f.name: getattr(base, f.name)
                                    for f in dataclasses.fields(CostParams)
                                    if f.name not in fitted["params"]}
@@ -373,7 +373,7 @@ def machine_info() -> dict[str, Any]:
             "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
 
 
-def _timed(fn: Callable[[], object], repeats: int) -> float:
+def median_time_s(fn: Callable[[], object], repeats: int) -> float:
     """Median wall time of ``fn`` over ``repeats`` calls, after one warm-up call."""
     fn()
     times = []
@@ -449,15 +449,15 @@ def _train_side(model: Any, engine_model: Any, tok: Any,
     small_tokens = int(small.attention_mask.sum())
     return {
         "logprob": {"tokens": tokens,
-                    "time_s": _timed(lambda: compute_logprobs(model, batch, mb), reps)},
+                    "time_s": median_time_s(lambda: compute_logprobs(model, batch, mb), reps)},
         "logprob_small": {"tokens": small_tokens,
-                          "time_s": _timed(lambda: compute_logprobs(model, small, mb), reps)},
-        "train": {"tokens": tokens, "time_s": _timed(lambda: trainer.update(batch), reps)},
+                          "time_s": median_time_s(lambda: compute_logprobs(model, small, mb), reps)},
+        "train": {"tokens": tokens, "time_s": median_time_s(lambda: trainer.update(batch), reps)},
         "train_small": {"tokens": small_tokens,
-                        "time_s": _timed(lambda: trainer.update(small), reps)},
+                        "time_s": median_time_s(lambda: trainer.update(small), reps)},
         "weight_sync": {"params": sum(p.numel() for p in model.parameters()),
-                        "time_s": _timed(lambda: engine.load_weights(model.state_dict()), reps)},
-        "memcpy": {"bytes": _MEMCPY_BYTES, "time_s": _timed(lambda: dst.copy_(src), reps + 2)},
+                        "time_s": median_time_s(lambda: engine.load_weights(model.state_dict()), reps)},
+        "memcpy": {"bytes": _MEMCPY_BYTES, "time_s": median_time_s(lambda: dst.copy_(src), reps + 2)},
     }
 
 

@@ -277,10 +277,10 @@ class CostModel:
         start, widest = 0, 0
         for i in range(shards):
             stop = start + base + (1 if i < extra else 0)
-            padded = sum(len(seq_lens[lo:min(lo + micro_batch_rows, stop)])
-                         * max(seq_lens[lo:min(lo + micro_batch_rows, stop)])
-                         for lo in range(start, stop, max(1, micro_batch_rows)))
-            widest, start = max(widest, padded), stop
+            step = max(1, micro_batch_rows)
+            micro = [seq_lens[lo:min(lo + step, stop)] for lo in range(start, stop, step)]
+            widest = max(widest, sum(len(mb) * max(mb) for mb in micro))
+            start = stop
         return widest * n_devices
 
     def logprob_time_s(self, model: ModelSpec, n_devices: int, tokens: int, share: float = 1.0,
@@ -348,19 +348,23 @@ class CostModel:
     def dispatch_time_s(self, model: ModelSpec, stage: str, n_devices: int) -> float:
         """What a worker pool adds to ``stage`` beside its compute: the call to the worker, and
         the fp32 weights moved to data-parallel helpers (update: and the gradients back) or to
-        the rollout engines (weight sync). See ``CostParams.call_overhead_s``; 0 by default."""
+        the rollout engines (weight sync). See ``CostParams.call_overhead_s``; 0 by default.
+        Reward (``reward_overhead_s``) and host moves (``host_transfer_latency_s``) have their
+        call in their own cost already."""
         p = self.params
-        t = p.call_overhead_s if stage != "reward" else 0.0  # reward_overhead_s has its call
-        if p.worker_link_bytes_per_s <= 0:
-            return t
-        moves = {"old_logprob": 1, "ref_logprob": 1, "actor_update": 2}.get(stage, 0)
-        if n_devices < 2:
-            moves = 0
+        if stage in ("reward", "offload", "onload"):
+            return 0.0
         if stage == "weight_sync":
             moves = 1
+        elif n_devices >= 2:
+            moves = {"old_logprob": 1, "ref_logprob": 1, "actor_update": 2}.get(stage, 0)
+        else:
+            moves = 0
+        if moves == 0 or p.worker_link_bytes_per_s <= 0:
+            return p.call_overhead_s
         per_move = (p.worker_link_latency_s
                     + model.weight_bytes(FP32_BYTES) / p.worker_link_bytes_per_s)
-        return t + moves * per_move
+        return p.call_overhead_s + moves * per_move
 
     def reward_time_s(self, num_samples: int, *, noise: float | None = None) -> float:
         """Rule-based reward on CPU: a fixed overhead plus a constant per sample."""

@@ -100,8 +100,7 @@ def cost_inputs(doc: dict[str, Any], where: str = "profile") -> tuple[Accelerato
                                  where=f"{where}: fitted.params", fix=_FIX)
             param_vals[key] = param_sec[key]
     try:
-        params = dataclasses.replace(cpu_worker_params(CostParams().devices_per_node),
-                                     **param_vals)
+        params = dataclasses.replace(cpu_worker_params(), **param_vals)
     except ValueError as exc:
         raise InputError(str(exc), where=f"{where}: fitted.params", fix=_FIX) from exc
     accel = dataclasses.replace(CPU_ACCELERATOR, **accel_vals,

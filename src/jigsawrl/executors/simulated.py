@@ -113,8 +113,8 @@ class SimulatedExecutor:
         self._events: list[Event] = []
         self._notes: list[Notification] = []
         self._step_samples: dict[tuple[str, int], list[RequestTruth]] = {}
-        self._step_tokens: dict[tuple[str, int], tuple[int, int, int]] = {}
-        self._step_lens: dict[tuple[str, int], tuple[int, ...]] = {}  # per sequence, batch order
+        # prompt + response tokens of each finished step's sequences, in batch order
+        self._step_lens: dict[tuple[str, int], tuple[int, ...]] = {}
         # Memory-bandwidth demand per device: key (task id, rank) -> demand (1.0 = all of HBM).
         # Keys derive from structure (never from object ids), so runs are reproducible.
         self._demand: list[dict[tuple[str, int], float]] = [{} for _ in range(exp.num_devices)]
@@ -383,8 +383,6 @@ class SimulatedExecutor:
         samples = sorted(task.samples, key=lambda r: r.truth.sample_id)
         prompt = tuple(r.truth.prompt_tokens for r in samples)
         resp = tuple(r.truth.response_tokens for r in samples)
-        self._step_tokens[(task.pipe.spec.name, task.step)] = (
-            sum(prompt) + sum(resp), len(samples), sum(resp))
         self._step_lens[(task.pipe.spec.name, task.step)] = tuple(
             p + r for p, r in zip(prompt, resp, strict=True))
         self._notes.append(TaskDone(task.tid, task.pipe.spec.name, task.step, ROLLOUT,
@@ -469,8 +467,7 @@ class SimulatedExecutor:
         tid = task_id(a.pipeline, a.step, a.stage)
         n = len(a.devices) or self.exp.num_devices  # a host stage may name no device
         full_s, flops, tokens = self._stage_cost(pipe, a.step, a.stage, n)
-        if a.stage not in ("offload", "onload"):
-            full_s += self.cost.dispatch_time_s(pipe.model, a.stage, n)
+        full_s += self.cost.dispatch_time_s(pipe.model, a.stage, n)
         w = _Work(tid, pipe, a.step, a.stage, a.devices, a.share, full_s, self.q.now_s, flops,
                   tokens, total_full_s=full_s, span_start_s=self.q.now_s)
         self._works[tid] = w
@@ -480,12 +477,12 @@ class SimulatedExecutor:
                     n: int) -> tuple[float, float, int]:
         """True full-share seconds, FLOPs and tokens of a post-rollout stage."""
         c, m = self.cost, pipe.model
-        tokens, samples, _ = self._step_tokens.get((pipe.spec.name, step), (0, 0, 0))
+        lens = self._step_lens.get((pipe.spec.name, step), ())
+        tokens = sum(lens)
         if stage == "reward":
-            return c.reward_time_s(samples), 0.0, 0
+            return c.reward_time_s(len(lens)), 0.0, 0
         # the tokens the pass computes over (padding included where the trainer pads)
-        computed = c.pass_tokens(self._step_lens.get((pipe.spec.name, step), ()), n,
-                                 pipe.spec.train.micro_batch_size) if tokens else 0
+        computed = c.pass_tokens(lens, n, pipe.spec.train.micro_batch_size)
         if stage in ("old_logprob", "ref_logprob"):
             return c.logprob_time_s(m, n, computed), c.logprob_flops(m, tokens), tokens
         if stage == "actor_update":

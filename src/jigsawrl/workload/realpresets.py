@@ -19,6 +19,8 @@ Importing this module does not import torch: ``ENGINE_MODELS`` is read lazily.
 
 from __future__ import annotations
 
+import dataclasses
+
 from jigsawrl.costmodel.roofline import CostParams
 from jigsawrl.errors import ConfigError
 from jigsawrl.workload.accelerators import GB, AcceleratorSpec
@@ -61,10 +63,14 @@ REAL_ACCELERATORS: dict[str, AcceleratorSpec] = {CPU_ACCELERATOR.name: CPU_ACCEL
 CPU_WORKER_S_SAT = 1.0
 
 
-def cpu_worker_params(devices_per_node: int) -> CostParams:
+def cpu_worker_params(devices_per_node: int | None = None) -> CostParams:
     """The cost-model parameters of a pool of Ray CPU workers (the belief of a real run and
-    the base that a CPU profile's measured values replace)."""
-    return CostParams(devices_per_node=devices_per_node, s_sat=CPU_WORKER_S_SAT)
+    the base that a CPU profile's measured values replace); ``devices_per_node`` defaults to
+    ``CostParams``'s."""
+    params = CostParams(s_sat=CPU_WORKER_S_SAT)
+    if devices_per_node is None:
+        return params
+    return dataclasses.replace(params, devices_per_node=devices_per_node)
 
 
 def engine_model_spec(preset: str) -> ModelSpec:

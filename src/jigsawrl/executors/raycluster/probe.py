@@ -5,21 +5,20 @@ every stage, a Ray actor call from the driver, and for every data-parallel stage
 a transfer of the model's weights between worker processes through the object store. Those are
 measured here, between two probe actors started the way the executor starts its device workers
 (``num_cpus=0``, the numpy tensor wire of :mod:`.wire`), so the simulator's truth for a real run
-can include them (``CostParams.call_overhead_s``, ``AcceleratorSpec.intra_node_bytes_per_s`` and
-``CostParams.collective_step_latency_s``).
+can include them (``CostParams.call_overhead_s``, ``worker_link_bytes_per_s`` and
+``worker_link_latency_s``: ``jigsawrl.profiling.fit_runtime``).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import statistics
-import time
 from typing import Any
 
 import ray
 
 from jigsawrl.executors.raycluster.wire import use_numpy_wire
+from jigsawrl.profiling import median_time_s
 
 log = logging.getLogger(__name__)
 
@@ -53,16 +52,6 @@ class _Probe:
 ProbeActor = ray.remote(num_cpus=0)(_Probe)
 
 
-def _median_s(fn: Any, reps: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def measure_transport(tensors: dict[str, Any], reps: int = 10) -> dict[str, Any]:
     """Median seconds of an empty actor call, and of moving ``tensors`` (and an eighth of them)
     from one actor to another through the object store, driven from this process.
@@ -82,14 +71,14 @@ def measure_transport(tensors: dict[str, Any], reps: int = 10) -> dict[str, Any]
     try:
         src, dst = ProbeActor.remote(), ProbeActor.remote()
         ray.get([src.ping.remote(), dst.ping.remote()])
-        call_s = _median_s(lambda: ray.get(src.ping.remote()), 5 * reps)
+        call_s = median_time_s(lambda: ray.get(src.ping.remote()), 5 * reps)
         names = sorted(tensors)
         small = {k: tensors[k] for k in names[: max(1, len(names) // 8)]}
         transfer = []
         for part in (small, tensors):
             ray.get(src.hold.remote(part))
             nbytes = sum(int(t.numel() * t.element_size()) for t in part.values())
-            seconds = _median_s(lambda: ray.get(dst.take.remote(src.give.remote())), reps)
+            seconds = median_time_s(lambda: ray.get(dst.take.remote(src.give.remote())), reps)
             transfer.append({"bytes": nbytes, "time_s": seconds})
             log.info("transfer of %.2f MB between workers: %.1f ms", nbytes / 2**20,
                      1e3 * seconds)
