@@ -8,7 +8,7 @@ import pytest
 
 from jigsawrl.config import apply_override, dump_config, load_config
 from jigsawrl.errors import ConfigError, JigsawError
-from jigsawrl.workload.resolve import resolve
+from jigsawrl.experiments.resolve import resolve
 
 BASE = {
     "cluster": {"accelerator": "h100-80gb", "num_nodes": 1, "accelerators_per_node": 8},

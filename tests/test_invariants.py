@@ -14,11 +14,11 @@ from jigsawrl.driver.loop import Driver
 from jigsawrl.errors import ConfigError
 from jigsawrl.events import SampleFinished, Span, StepFinished
 from jigsawrl.executors.simulated import SimulatedExecutor
+from jigsawrl.experiments.resolve import resolve
+from jigsawrl.experiments.simulated import make_cost, run_once, simulate
 from jigsawrl.graph.build import StepShape, build_step_graph, chain_steps
-from jigsawrl.runner import make_cost, run_once, simulate
 from jigsawrl.scheduler import get_policy
 from jigsawrl.scheduler.verl import pipeline_resident_bytes
-from jigsawrl.workload.resolve import resolve
 
 # Every registered policy, with fixed params where it would otherwise search variants.
 POLICIES = {
@@ -163,7 +163,7 @@ def test_truth_noise_is_seeded() -> None:
 @given(pipes=st.lists(pipeline_st, min_size=1, max_size=3), seed=st.integers(0, 100),
        policy=st.sampled_from(sorted(POLICIES)))
 def test_no_policy_beats_the_lower_bound(pipes, seed, policy) -> None:  # noqa: ANN001
-    from jigsawrl.runner import lower_bound
+    from jigsawrl.experiments.simulated import lower_bound
 
     exp = resolve(make_cfg(pipes, 8, seed))
     cost = make_cost(exp)  # noise-free truth, so the bound is strict

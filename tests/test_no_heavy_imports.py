@@ -11,9 +11,9 @@ sys.modules['torch'] = None  # any `import torch` now raises ImportError
 sys.modules['ray'] = None
 sys.modules['transformers'] = None
 from jigsawrl.config import load_config
-from jigsawrl.runner import simulate
-from jigsawrl.compare import compare_policies
-from jigsawrl.cli import app
+from jigsawrl.experiments.simulated import simulate
+from jigsawrl.experiments.compare import compare_policies
+from jigsawrl.cli.main import app
 cfg = load_config('configs/two-gsm8k.yaml', ['pipelines.0.steps=1', 'pipelines.1.steps=1',
                   'pipelines.0.batch_size=4', 'pipelines.1.batch_size=4'])
 run = simulate(cfg, solo=False)

@@ -5,7 +5,7 @@ the pipelines, the scheduler and the seed. Simulation reads the model/task prese
 ``workload/``; a real run (``jigsawrl run``) reads the engine presets and each pipeline's
 ``rollout`` / ``train`` sections. Schema errors (unknown key, wrong type, negative size) are raised
 here as :class:`~jigsawrl.errors.ConfigError` naming the key; semantic checks that need presets
-(unknown model, does not fit in memory) live in ``workload/resolve.py``.
+(unknown model, does not fit in memory) live in ``experiments/resolve.py``.
 
 Example::
 

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from jigsawrl.costmodel import CostModel, CostParams
+from jigsawrl.costmodel.cpu import CPU_WORKER_S_SAT
 from jigsawrl.costmodel.profile import (
     PARAM_KEYS,
     UNPROFILED_PARAMS,
@@ -23,7 +24,6 @@ from jigsawrl.costmodel.profile import (
 )
 from jigsawrl.errors import InputError
 from jigsawrl.workload.models import ModelSpec
-from jigsawrl.workload.realpresets import CPU_WORKER_S_SAT
 
 DOC: dict[str, Any] = {
     "version": 1,

@@ -9,9 +9,10 @@ from jigsawrl.driver.loop import Driver, SchedulerStalled
 from jigsawrl.driver.state import InvariantError
 from jigsawrl.events import SampleFinished, Span, StepFinished
 from jigsawrl.executors.simulated import SimulatedExecutor
+from jigsawrl.experiments.resolve import resolve
 from jigsawrl.scheduler import Decision, StartStage, get_policy
+from jigsawrl.scheduler.base import PolicyBase
 from jigsawrl.workload.requests import RequestTruth, TurnTruth
-from jigsawrl.workload.resolve import resolve
 
 
 class FixedExecutor(SimulatedExecutor):
@@ -85,7 +86,7 @@ def test_verl_split_runs_pipelines_in_parallel_serial_one_after_another(fake_cos
     assert devs <= {(1,), ()}  # () = the reward on the CPU
 
 
-class Greedy:
+class Greedy(PolicyBase):
     name = "bad"
 
     def __init__(self, action) -> None:  # noqa: ANN001

@@ -9,10 +9,10 @@ from jigsawrl.driver.loop import Driver
 from jigsawrl.driver.state import InvariantError
 from jigsawrl.events import SampleFinished, Span, StepFinished
 from jigsawrl.scheduler import Decision, Interrupt, Migrate, SetShare, get_policy
-from jigsawrl.scheduler.base import task_id
+from jigsawrl.scheduler.base import PolicyBase, task_id
 
 
-class MigratingVerl:
+class MigratingVerl(PolicyBase):
     """verl-split plus one action injected when rank 0 of step 0's rollout drains."""
 
     name = "test"

@@ -1,6 +1,6 @@
 """The Ray executor end to end: tiny real pipelines on per-device workers, real schedulers.
 
-Runs ``realrun.run_real`` on one shared local Ray instance (started once for the module, with
+Runs ``experiments.real.run_real`` on one shared local Ray instance (started once for the module, with
 four ``jigsaw_device`` resources) with ~1M-parameter models, a few prompts × 2 samples and a
 2-step warm start (cached in a module temp folder). Each run costs ~10-20 s on a 2-core machine,
 mostly the workers importing torch and building their pipelines.
@@ -24,7 +24,8 @@ from jigsawrl.config import load_config  # noqa: E402
 from jigsawrl.errors import ConfigError  # noqa: E402
 from jigsawrl.events import PipelineFailed, SampleFinished, Span, StepFinished  # noqa: E402
 from jigsawrl.executors.raycluster import RayExecutor, rollout_band  # noqa: E402
-from jigsawrl.realrun import resolve_real, run_real  # noqa: E402
+from jigsawrl.experiments.real import run_real  # noqa: E402
+from jigsawrl.experiments.resolve import resolve_real  # noqa: E402
 from jigsawrl.scheduler.base import Decision, Migrate, View  # noqa: E402
 from jigsawrl.scheduler.verl import VerlPolicy  # noqa: E402
 

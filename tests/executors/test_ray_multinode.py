@@ -20,7 +20,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 from jigsawrl.config import load_config  # noqa: E402
 from jigsawrl.events import SampleFinished, StepFinished  # noqa: E402
-from jigsawrl.realrun import run_real  # noqa: E402
+from jigsawrl.experiments.real import run_real  # noqa: E402
 
 
 @pytest.fixture

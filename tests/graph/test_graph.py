@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 
 from jigsawrl.graph.build import StepShape, build_step_graph, chain_steps
-from jigsawrl.graph.predict import HistoryPredictor
+from jigsawrl.graph.predict import HistoryPredictor, StepObservation
 from jigsawrl.graph.substage import SubStageGraph, SubStageNode
-from jigsawrl.scheduler.base import StepObservation
 from jigsawrl.workload.models import MODELS
 from jigsawrl.workload.requests import RequestTruth, TurnTruth
 

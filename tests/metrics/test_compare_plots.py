@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from jigsawrl.cli import app
-from jigsawrl.compare import compare_policies
+from jigsawrl.cli.main import app
 from jigsawrl.config import load_config
+from jigsawrl.experiments.compare import compare_policies
 from jigsawrl.metrics.compare_plots import plot_compare, safe_dirname, seed_spread
 
 PNG = b"\x89PNG\r\n\x1a\n"

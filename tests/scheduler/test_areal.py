@@ -7,7 +7,7 @@ from test_streamrl import check_run, make_cfg, overlaps, run, tiny_view
 
 from jigsawrl.errors import ConfigError
 from jigsawrl.events import ROLLOUT_STAGES, Span
-from jigsawrl.runner import simulate
+from jigsawrl.experiments.simulated import simulate
 from jigsawrl.scheduler.areal import ArealPolicy
 from jigsawrl.scheduler.base import Interrupt, RunningTask, SetShare, StartRollout
 

@@ -9,12 +9,12 @@ import pytest
 from jigsawrl.config import validate_config
 from jigsawrl.driver.state import DriverState
 from jigsawrl.events import SampleFinished, Span, StepFinished
-from jigsawrl.runner import make_cost, run_once
+from jigsawrl.experiments.resolve import resolve
+from jigsawrl.experiments.simulated import make_cost, run_once
 from jigsawrl.scheduler import Decision, Migrate, SetResident, StartRollout, StartStage, get_policy
-from jigsawrl.scheduler.base import RunningTask
+from jigsawrl.scheduler.base import PolicyBase, RunningTask
 from jigsawrl.scheduler.jigsaw import JigsawPolicy
 from jigsawrl.scheduler.jigsaw_parts import _pack
-from jigsawrl.workload.resolve import resolve
 
 
 def cfg(n: int = 2, devices: int = 4, steps: int = 2, batch: int = 16, task: str = "gsm8k",
@@ -27,7 +27,7 @@ def cfg(n: int = 2, devices: int = 4, steps: int = 2, batch: int = 16, task: str
                             "pipelines": pipes, "seed": 3})
 
 
-class Recorder:
+class Recorder(PolicyBase):
     """Wraps a policy and keeps every decision (to count migrations)."""
 
     def __init__(self, inner) -> None:  # noqa: ANN001
@@ -168,7 +168,7 @@ def test_several_train_states_run_compute_stages_side_by_side() -> None:
     devices (the driver checks memory and shares on every action); 1 keeps them one at a time."""
     from jigsawrl.config import load_config
     from jigsawrl.events import Span
-    from jigsawrl.runner import simulate
+    from jigsawrl.experiments.simulated import simulate
 
     def overlapping(k: int) -> bool:
         cfg = load_config("configs/two-gsm8k.yaml", [

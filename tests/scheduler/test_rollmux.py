@@ -14,7 +14,8 @@ import pytest
 from jigsawrl.config import ExperimentConfig, validate_config
 from jigsawrl.errors import ConfigError
 from jigsawrl.events import ROLLOUT_STAGES, Event, SampleFinished, Span, StepFinished
-from jigsawrl.runner import make_cost, run_once, simulate
+from jigsawrl.experiments.resolve import resolve
+from jigsawrl.experiments.simulated import make_cost, run_once, simulate
 from jigsawrl.scheduler.base import (
     DeviceView,
     PipelineView,
@@ -25,7 +26,6 @@ from jigsawrl.scheduler.base import (
     View,
 )
 from jigsawrl.scheduler.rollmux import ROLLOUT_FRACTIONS, RollMuxPolicy, split_pools
-from jigsawrl.workload.resolve import resolve
 
 STEPS = 2
 GPU_STAGES = ("old_logprob", "ref_logprob", "actor_update", "weight_sync", "onload", "offload")

@@ -14,7 +14,8 @@ import pytest
 from jigsawrl.config import ExperimentConfig, validate_config
 from jigsawrl.errors import ConfigError
 from jigsawrl.events import ROLLOUT_STAGES, TRAIN_STAGES, Event, SampleFinished, Span, StepFinished
-from jigsawrl.runner import make_cost, run_once, simulate
+from jigsawrl.experiments.resolve import resolve
+from jigsawrl.experiments.simulated import make_cost, run_once, simulate
 from jigsawrl.scheduler.base import (
     DeviceView,
     PipelineView,
@@ -25,7 +26,6 @@ from jigsawrl.scheduler.base import (
     View,
 )
 from jigsawrl.scheduler.streamrl import StreamRLPolicy, shared_plans, split_plans
-from jigsawrl.workload.resolve import resolve
 
 STEPS = 3
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jigsawrl.tasks.arith import (
+from jigsawrl.tasks.expression import (
     ArithError,
     BinOp,
     Limits,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jigsawrl.errors import InputError
-from jigsawrl.workload.tasks import TASKS, RequestSampler, load_length_trace
+from jigsawrl.workload.task_presets import TASKS, RequestSampler, load_length_trace
 
 
 def sample(task: str, step: int = 0, drift: float = 0.0, seed: int = 0, cap: int = 8192):  # noqa: ANN201

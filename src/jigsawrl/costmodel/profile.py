@@ -1,6 +1,6 @@
 """Load a machine profile written by ``jigsawrl profile`` into cost-model inputs.
 
-What: ``jigsawrl profile`` (``jigsawrl.profiling``) times the real engine's sub-stages on this
+What: ``jigsawrl profile`` (``jigsawrl.experiments.profiling``) times the real engine's sub-stages on this
 CPU and fits the cost model's shape; this module turns the fitted section of that YAML file into
 an :class:`AcceleratorSpec` ("cpu-worker") and a :class:`CostParams`, so that
 ``CostModel(accel, params=params)`` predicts this machine instead of the rough assumptions of
@@ -30,10 +30,11 @@ from typing import Any
 
 import yaml
 
+from jigsawrl.costmodel.cpu import cpu_worker_params
 from jigsawrl.costmodel.roofline import CostParams
 from jigsawrl.errors import InputError
 from jigsawrl.workload.accelerators import AcceleratorSpec
-from jigsawrl.workload.realpresets import CPU_ACCELERATOR, cpu_worker_params
+from jigsawrl.workload.realpresets import CPU_ACCELERATOR
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from jigsawrl.scheduler.base import (
     stage_sequence,
     task_id,
 )
-from jigsawrl.workload.resolve import Experiment
+from jigsawrl.workload.experiment import Experiment
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class Driver:
 
     def run(self) -> DriverResult:
         self.executor.start()
-        wants_progress = bool(getattr(self.policy, "wants_rank_progress", False))
+        wants_progress = self.policy.wants_rank_progress
         try:
             decide = True
             while not self.state.all_finished:
@@ -249,6 +249,6 @@ class Driver:
 
     def _stall_message(self) -> str:
         todo = {n: p.view().ready() for n, p in self.state.pipes.items() if p.failed is None}
-        return (f"policy {getattr(self.policy, 'name', self.policy)!r} started nothing at "
+        return (f"policy {self.policy.name!r} started nothing at "
                 f"t={self.executor.now_s:.1f}s while nothing runs; ready work: {todo}")
 

@@ -11,15 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from jigsawrl.scheduler.base import (
-    ROLLOUT,
-    DeviceView,
-    PipelineView,
-    RunningTask,
-    StepObservation,
-    View,
-)
-from jigsawrl.workload.resolve import Experiment, ResolvedPipeline
+from jigsawrl.graph.predict import StepObservation
+from jigsawrl.scheduler.base import ROLLOUT, DeviceView, PipelineView, RunningTask, View
+from jigsawrl.workload.experiment import Experiment, ResolvedPipeline
 
 EPS = 1e-9
 

@@ -25,7 +25,7 @@ positions), so that one long request never deadlocks the engine.
   values, unknown request) raise `InputError`; a request reaching the model's maximum positions
   finishes with ``"length"``.
 
-Speed: ``HF_HUB_OFFLINE=1 python -m jigsawrl.engine.rollout_bench qwen2-1m qwen2-10m`` (random-init
+Speed: ``HF_HUB_OFFLINE=1 python -m jigsawrl.bench.rollout qwen2-1m qwen2-10m`` (random-init
 fp32, 1 thread, 16 requests x 64 new tokens, greedy) measured on 2026-11-30 on the project's 2-core
 CPU machine while four other jobs shared it (load average ~3): qwen2-1m 1,830 tok/s (a plain
 transformers KV-cache loop in the same run: 1,996), qwen2-10m 415 tok/s (plain loop: 480); runs

@@ -33,8 +33,8 @@ from jigsawrl.scheduler.base import (
 )
 from jigsawrl.sim.kernel import PRIO_ARRIVAL, PRIO_FINISH, PRIO_WAKE, Entry, EventQueue
 from jigsawrl.sim.rollout import ReqRun, RolloutInstance, Segment
+from jigsawrl.workload.experiment import Experiment, ResolvedPipeline
 from jigsawrl.workload.requests import RequestTruth
-from jigsawrl.workload.resolve import Experiment, ResolvedPipeline
 
 log = logging.getLogger(__name__)
 

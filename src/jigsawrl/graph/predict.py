@@ -10,12 +10,22 @@ a documented simplification.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-from jigsawrl.scheduler.base import StepObservation
 from jigsawrl.workload.requests import RequestTruth, TurnTruth
+
+
+@dataclass(frozen=True, slots=True)
+class StepObservation:
+    """What was observed of one finished rollout: per-sample prompt and response tokens."""
+
+    step: int
+    prompt_tokens: tuple[int, ...]
+    response_tokens: tuple[int, ...]
+    stage_durations_s: Mapping[str, float]
 
 
 class HistoryPredictor:

@@ -36,14 +36,7 @@ later steps keep the rollout pool busy meanwhile). Modelling it needs sample-lev
 
 from __future__ import annotations
 
-from jigsawrl.scheduler.base import (
-    ROLLOUT,
-    Action,
-    Interrupt,
-    PipelineView,
-    View,
-    register_policy,
-)
+from jigsawrl.scheduler.base import ROLLOUT, Action, Interrupt, PipelineView, View, register_policy
 from jigsawrl.scheduler.streamrl import ROLLOUT_MEM_FRACTION, DisaggregatedPolicy, Placement
 
 

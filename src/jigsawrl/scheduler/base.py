@@ -17,12 +17,13 @@ A new policy is one module with a class decorated by :func:`register_policy`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from jigsawrl.config import PipelineSpec
 from jigsawrl.errors import ConfigError
+from jigsawrl.graph.predict import StepObservation
 from jigsawrl.workload.accelerators import AcceleratorSpec
 from jigsawrl.workload.models import ModelSpec
 
@@ -135,16 +136,6 @@ class Decision:
 # ---------------------------------------------------------------------------- view
 
 @dataclass(frozen=True, slots=True)
-class StepObservation:
-    """What was observed of one finished rollout: per-sample prompt and response tokens."""
-
-    step: int
-    prompt_tokens: tuple[int, ...]
-    response_tokens: tuple[int, ...]
-    stage_durations_s: Mapping[str, float]
-
-
-@dataclass(frozen=True, slots=True)
 class RunningTask:
     task_id: str
     pipeline: str
@@ -226,9 +217,31 @@ class View:
 # ---------------------------------------------------------------------------- registry
 
 class Policy(Protocol):
+    """What the driver and the experiments call on a policy (pure: no I/O, no clock).
+
+    ``wants_rank_progress``: the executor reports per-rank unfinished counts
+    (:class:`~jigsawrl.driver.protocol.RankProgress`) and the driver asks for a decision on each.
+    ``variants()``: the placements an experiment runs and keeps the best of (verl's split and
+    serial, ...); a policy with one placement returns ``[self]``.
+    """
+
     name: str
+    wants_rank_progress: bool
 
     def decide(self, view: View) -> Decision: ...
+
+    def variants(self) -> Sequence[Policy]: ...
+
+
+class PolicyBase:
+    """The defaults of :class:`Policy` for a policy class to inherit: one placement, no
+    per-rank progress."""
+
+    name: str = "policy"
+    wants_rank_progress: bool = False
+
+    def variants(self) -> Sequence[Policy]:
+        return [self]  # type: ignore[list-item]
 
 
 PolicyFactory = Callable[..., Policy]

@@ -48,6 +48,7 @@ from jigsawrl.scheduler.base import (
     Action,
     Decision,
     PipelineView,
+    PolicyBase,
     RunningTask,
     SetResident,
     SetShare,
@@ -74,11 +75,11 @@ from jigsawrl.scheduler.jigsaw_parts import (
 from jigsawrl.scheduler.jigsaw_tail import TailMigration
 from jigsawrl.scheduler.verl import MICRO_BATCH_TOKENS, pipeline_resident_bytes
 from jigsawrl.sim.rollout import RolloutInstance
-from jigsawrl.workload.tasks import TASKS
+from jigsawrl.workload.task_presets import TASKS
 
 
 @register_policy("jigsaw")
-class JigsawPolicy(TailMigration):
+class JigsawPolicy(TailMigration, PolicyBase):
     """JigsawRL: multiplexing, dynamic shares, tail migration, look-ahead (see module doc)."""
 
     wants_rank_progress = True

@@ -20,7 +20,7 @@ from jigsawrl.scheduler.base import (
     View,
     task_id,
 )
-from jigsawrl.workload.tasks import TASKS
+from jigsawrl.workload.task_presets import TASKS
 
 COMPUTE = frozenset({"old_logprob", "ref_logprob", "actor_update"})
 HOST = frozenset({"reward", "weight_sync", "onload", "offload"})

@@ -43,6 +43,7 @@ from jigsawrl.scheduler.base import (
     Action,
     Decision,
     PipelineView,
+    PolicyBase,
     SetResident,
     SetShare,
     StartRollout,
@@ -55,7 +56,7 @@ from jigsawrl.scheduler.verl import (
     TRAIN_STAGES_WITH_ACTIVATIONS,
     pipeline_resident_bytes,
 )
-from jigsawrl.workload.resolve import DEFAULT_GPU_MEMORY_UTILIZATION
+from jigsawrl.workload.experiment import DEFAULT_GPU_MEMORY_UTILIZATION
 
 REWARD = "reward"
 EPS = 1e-9
@@ -115,7 +116,7 @@ def _kv_each(view: View, pipes: tuple[PipelineView, ...] | list[PipelineView],
 
 
 @register_policy("muxserve")
-class MuxServePolicy:
+class MuxServePolicy(PolicyBase):
     """See the module docstring.
 
     Args:

@@ -59,6 +59,7 @@ from jigsawrl.scheduler.base import (
     Action,
     Decision,
     PipelineView,
+    PolicyBase,
     SetResident,
     StartRollout,
     StartStage,
@@ -174,7 +175,7 @@ def plan_pools(view: View, rollout_fraction: float, rollout_gmu: float) -> Pools
 
 
 @register_policy("rollmux")
-class RollMuxPolicy:
+class RollMuxPolicy(PolicyBase):
     """See the module docstring.
 
     Args:

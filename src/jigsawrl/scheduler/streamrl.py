@@ -56,6 +56,7 @@ from jigsawrl.scheduler.base import (
     Action,
     Decision,
     PipelineView,
+    PolicyBase,
     SetResident,
     SetShare,
     StartRollout,
@@ -180,7 +181,7 @@ def shared_plans(view: View) -> list[dict[str, Pools]]:
             for t in range(t_min, n - tp + 1) if (n - t) % tp == 0]
 
 
-class DisaggregatedPolicy:
+class DisaggregatedPolicy(PolicyBase):
     """Rollout pool + training pool per pipeline (see the module docstring).
 
     Subclasses set :attr:`family` and :attr:`dispatch`, and may override

@@ -27,13 +27,14 @@ from jigsawrl.scheduler.base import (
     Action,
     Decision,
     PipelineView,
+    PolicyBase,
     SetResident,
     StartRollout,
     StartStage,
     View,
     register_policy,
 )
-from jigsawrl.workload.resolve import DEFAULT_GPU_MEMORY_UTILIZATION
+from jigsawrl.workload.experiment import DEFAULT_GPU_MEMORY_UTILIZATION
 
 # verl's dynamic batch size default for the actor: ppo_max_token_len_per_gpu = 16384.
 MICRO_BATCH_TOKENS = 16384
@@ -92,7 +93,7 @@ def _check_fit(view: View, pv: PipelineView, n: int) -> None:
 
 
 @register_policy("verl-split")
-class VerlPolicy:
+class VerlPolicy(PolicyBase):
     """See the module docstring."""
 
     def __init__(self, placement: Literal["split", "serial", "auto"] = "split",

@@ -21,7 +21,6 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from jigsawrl.tasks.arith import ArithError, Limits, parse
 from jigsawrl.tasks.base import (
     BaseTask,
     Example,
@@ -31,6 +30,7 @@ from jigsawrl.tasks.base import (
     resolve_preset,
     sample_examples,
 )
+from jigsawrl.tasks.expression import ArithError, Limits, parse
 
 PRESETS: dict[str, dict[str, Any]] = {
     "easy": {"max_value": 20, "two_step_fraction": 0.0},

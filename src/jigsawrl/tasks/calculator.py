@@ -25,18 +25,6 @@ import random
 from fractions import Fraction
 from typing import Any
 
-from jigsawrl.tasks.arith import (
-    ArithError,
-    BinOp,
-    Limits,
-    Node,
-    Num,
-    apply_op,
-    eval_node,
-    evaluate,
-    format_number,
-    render,
-)
 from jigsawrl.tasks.base import (
     BaseTask,
     Example,
@@ -47,6 +35,18 @@ from jigsawrl.tasks.base import (
     register_task,
     resolve_preset,
     sample_examples,
+)
+from jigsawrl.tasks.expression import (
+    ArithError,
+    BinOp,
+    Limits,
+    Node,
+    Num,
+    apply_op,
+    eval_node,
+    evaluate,
+    format_number,
+    render,
 )
 
 PRESETS: dict[str, dict[str, Any]] = {

@@ -10,7 +10,7 @@ Reward (rule-based, TinyZero's scheme): 1.0 when the expression (the text before
 uses each given number at most once and evaluates exactly to the target (and the integer after
 ``=``, which may be omitted, is that target); ``format_score`` (0.1) when it is a well-formed
 expression that misses (wrong value, numbers not allowed, wrong claimed result); 0.0 when it does
-not parse. Expressions are evaluated by the safe evaluator of :mod:`jigsawrl.tasks.arith`;
+not parse. Expressions are evaluated by the safe evaluator of :mod:`jigsawrl.tasks.expression`;
 division is exact (rational), as in the standard game where only exact divisions are useful.
 
 Difficulty presets (``easy`` / ``medium`` / ``hard``) set how many numbers there are, how large
@@ -24,8 +24,6 @@ import random
 from collections import Counter
 from typing import Any
 
-from jigsawrl.tasks.arith import ArithError, BinOp, Limits, Node, Num, eval_node, literals, parse
-from jigsawrl.tasks.arith import render as render_expr
 from jigsawrl.tasks.base import (
     BaseTask,
     Example,
@@ -35,6 +33,17 @@ from jigsawrl.tasks.base import (
     resolve_preset,
     sample_examples,
 )
+from jigsawrl.tasks.expression import (
+    ArithError,
+    BinOp,
+    Limits,
+    Node,
+    Num,
+    eval_node,
+    literals,
+    parse,
+)
+from jigsawrl.tasks.expression import render as render_expr
 
 PRESETS: dict[str, dict[str, Any]] = {
     "easy": {"num_numbers": 3, "max_number": 9, "max_target": 99},

@@ -14,16 +14,15 @@ Why separate from ``workload/accelerators.py`` and ``workload/models.py``: those
 datasheet numbers for the simulator (``jigsawrl list``); these are rough, local, and meant to be
 replaced by measured numbers (``jigsawrl profile``), so they are kept apart and labelled.
 
-Importing this module does not import torch: ``ENGINE_MODELS`` is read lazily.
+The engine's presets are data (:mod:`jigsawrl.workload.engine_models`): no torch here. The cost
+parameters of a pool of CPU workers are :func:`jigsawrl.costmodel.cpu.cpu_worker_params`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-
-from jigsawrl.costmodel.roofline import CostParams
 from jigsawrl.errors import ConfigError
 from jigsawrl.workload.accelerators import GB, AcceleratorSpec
+from jigsawrl.workload.engine_models import ENGINE_MODELS
 from jigsawrl.workload.models import ModelSpec
 
 # The character tokenizer of jigsawrl.engine.tokenizer has ~100 tokens; ENGINE_MODELS' sizes are
@@ -56,25 +55,8 @@ CPU_ACCELERATOR = AcceleratorSpec(
 
 REAL_ACCELERATORS: dict[str, AcceleratorSpec] = {CPU_ACCELERATOR.name: CPU_ACCELERATOR}
 
-# A CPU worker runs one call at a time (docs/RAY.md, "Compute shares on a CPU"): co-located
-# sub-stages time-slice it, so a share s of the device gives s of its memory bandwidth too.
-# s_sat = 1 says so (the GPU default, 0.4, lets a decode at 40% of the SMs use all of HBM —
-# true of a GPU, where co-located kernels run at once, and false here).
-CPU_WORKER_S_SAT = 1.0
-
-
-def cpu_worker_params(devices_per_node: int | None = None) -> CostParams:
-    """The cost-model parameters of a pool of Ray CPU workers (the belief of a real run and
-    the base that a CPU profile's measured values replace); ``devices_per_node`` defaults to
-    ``CostParams``'s."""
-    params = CostParams(s_sat=CPU_WORKER_S_SAT)
-    if devices_per_node is None:
-        return params
-    return dataclasses.replace(params, devices_per_node=devices_per_node)
-
-
 def engine_model_spec(preset: str) -> ModelSpec:
-    """The cost-model view of an engine model preset (``jigsawrl.engine.models.ENGINE_MODELS``).
+    """The cost-model view of an engine model preset (``jigsawrl.workload.engine_models.ENGINE_MODELS``).
 
     Args:
         preset: a key of ``ENGINE_MODELS`` (e.g. ``"qwen2-1m"``).
@@ -87,8 +69,6 @@ def engine_model_spec(preset: str) -> ModelSpec:
     Raises:
         ConfigError: an unknown preset (a local HF folder has no preset; not supported here).
     """
-    from jigsawrl.engine.models import ENGINE_MODELS  # torch is imported only on use
-
     if preset not in ENGINE_MODELS:
         raise ConfigError(f"unknown engine model preset {preset!r}", where="pipelines.model",
                           fix=f"real multi-pipeline runs use a preset: {sorted(ENGINE_MODELS)}")

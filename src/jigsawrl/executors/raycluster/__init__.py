@@ -2,7 +2,7 @@
 scheduler as the simulator.
 
 The only package of jigsawrl that imports ``ray`` (install the ``ray`` extra). Start with
-:class:`~jigsawrl.executors.raycluster.executor.RayExecutor`; ``jigsawrl.realrun`` wires a
+:class:`~jigsawrl.executors.raycluster.executor.RayExecutor`; ``jigsawrl.experiments.real`` wires a
 config to it.
 """
 

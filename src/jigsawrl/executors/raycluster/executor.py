@@ -75,7 +75,7 @@ from jigsawrl.scheduler.base import (
     task_id,
 )
 from jigsawrl.sim.rollout import decode_band
-from jigsawrl.workload.resolve import Experiment
+from jigsawrl.workload.experiment import Experiment
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +143,7 @@ class RayExecutor:
     """Runs an experiment's tasks on Ray device workers (see the module docstring).
 
     Args:
-        exp: the resolved experiment (``realrun.resolve_real``).
+        exp: the resolved experiment (``experiments.resolve.resolve_real``).
         address: a running Ray cluster (``"auto"`` or ``host:port``); None starts a local one.
         threads_per_device: torch threads a full share of one logical device maps to.
         cache_dir: warm-start cache passed to every worker (None: the engine's default).

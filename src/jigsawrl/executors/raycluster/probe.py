@@ -6,7 +6,7 @@ a transfer of the model's weights between worker processes through the object st
 measured here, between two probe actors started the way the executor starts its device workers
 (``num_cpus=0``, the numpy tensor wire of :mod:`.wire`), so the simulator's truth for a real run
 can include them (``CostParams.call_overhead_s``, ``worker_link_bytes_per_s`` and
-``worker_link_latency_s``: ``jigsawrl.profiling.fit_runtime``).
+``worker_link_latency_s``: ``jigsawrl.experiments.profiling.fit_runtime``).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 
 import ray
 
+from jigsawrl.costmodel.fit import median_time_s
 from jigsawrl.executors.raycluster.wire import use_numpy_wire
-from jigsawrl.profiling import median_time_s
 
 log = logging.getLogger(__name__)
 

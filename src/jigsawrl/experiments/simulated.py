@@ -19,11 +19,12 @@ from jigsawrl.driver.loop import Driver, DriverResult
 from jigsawrl.errors import ConfigError
 from jigsawrl.events import Event, StepFinished
 from jigsawrl.executors.simulated import SimulatedExecutor
+from jigsawrl.experiments.resolve import resolve
 from jigsawrl.graph.bound import makespan_lower_bound
 from jigsawrl.metrics.summary import RunInfo, summarize
 from jigsawrl.scheduler import get_policy
 from jigsawrl.scheduler.base import params_for
-from jigsawrl.workload.resolve import Experiment, resolve
+from jigsawrl.workload.experiment import Experiment
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ def simulate(cfg: ExperimentConfig, *, policy: str | None = None, seed: int | No
     name = policy or cfg.scheduler.name
     params = params_for(cfg.scheduler.name, cfg.scheduler.params, name)
     pol = get_policy(name, params)
-    variants = pol.variants() if hasattr(pol, "variants") else [pol]
+    variants = list(pol.variants())
     best: tuple[float, str, DriverResult] | None = None
     infeasible: list[str] = []
     for v in variants:

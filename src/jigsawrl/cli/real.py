@@ -1,7 +1,7 @@
 """CLI commands of the real engine: ``jigsawrl run CONFIG [--ray]``, ``jigsawrl bench trl|real``.
 
 What: :func:`register` adds the commands to the main Typer app (the lead wires it in
-``jigsawrl/cli.py``), so the main CLI imports torch only when one of these commands runs. This is
+``jigsawrl/cli/main.py``), so the main CLI imports torch only when one of these commands runs. This is
 the only engine module that prints: a rich progress bar per pipeline while it runs, a table at
 the end. User errors (bad config, unreadable checkpoint) become one message on stderr and exit
 code 2, never a traceback.
@@ -14,7 +14,7 @@ Example::
     jigsawrl bench real --quick --out /tmp/benchreal           # policies on real pipelines
 
 ``run --ray`` ends with the simulator's prediction of the run beside the measurement
-(:mod:`jigsawrl.calibrate`, with ``--profile`` or ``profiles/cpu.yaml`` when present) and writes
+(:mod:`jigsawrl.experiments.calibrate`, with ``--profile`` or ``profiles/cpu.yaml`` when present) and writes
 ``reward_curves.png`` next to the run's ``timeline.png``.
 """
 
@@ -53,7 +53,7 @@ def ray_run_command(config: Path, overrides: list[str], out: Path | None,
             from jigsawrl.costmodel.profile import load_profile
 
             load_profile(profile)  # a bad profile fails now, not after the run
-        from jigsawrl.realrun import run_real
+        from jigsawrl.experiments.real import run_real
 
         total = sum(p.steps for p in cfg.pipelines)
         with Progress(TextColumn("{task.description}"), BarColumn(),
@@ -87,8 +87,8 @@ def _predict(cfg: Any, events: list[Any], summary: dict[str, Any], profile: Path
     """The simulator's prediction of the finished run (None, logged, when it cannot be made)."""
     import logging
 
-    from jigsawrl.benchreal import DEFAULT_PROFILE
-    from jigsawrl.calibrate import calibrate
+    from jigsawrl.bench.real import DEFAULT_PROFILE
+    from jigsawrl.experiments.calibrate import calibrate
 
     if profile is None and DEFAULT_PROFILE.is_file():
         profile = DEFAULT_PROFILE
@@ -104,8 +104,8 @@ def _predict(cfg: Any, events: list[Any], summary: dict[str, Any], profile: Path
 
 def _print_ray_result(console: Console, summary: dict[str, Any], cal: Any,
                       out: Path | None) -> None:
+    from jigsawrl.bench.real_report import error_note, plot_reward_curves, run_table
     from jigsawrl.metrics.report import summary_table
-    from jigsawrl.realreport import error_note, plot_reward_curves, run_table
 
     console.print(summary_table(summary))
     console.print(run_table(summary, cal))
@@ -130,7 +130,7 @@ def run_command(config: Path, overrides: list[str], out: Path | None, resume: bo
 
     try:
         cfg = load_config(config, overrides)
-        from jigsawrl.engine.run import run_experiment
+        from jigsawrl.experiments.sequential import run_experiment
 
         console = Console()
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
@@ -175,7 +175,7 @@ def _summary_table(summary: dict[str, Any]) -> Table:
 
 def bench_trl_command(spec_kwargs: dict[str, Any], out: Path | None) -> None:
     """Run both sides and print them side by side."""
-    from jigsawrl.engine.bench_trl import BenchTrlSpec, run_bench_trl, trl_available
+    from jigsawrl.bench.trl import BenchTrlSpec, run_bench_trl, trl_available
 
     ok, why = trl_available()
     console = Console()
@@ -212,8 +212,8 @@ def bench_trl_command(spec_kwargs: dict[str, Any], out: Path | None) -> None:
 
 def bench_real_command(spec_kwargs: dict[str, Any]) -> None:
     """``jigsawrl bench real``: one real run per policy, printed with the predictions."""
-    from jigsawrl.benchreal import BenchRealSpec, run_bench_real
-    from jigsawrl.realreport import bench_notes, bench_pipeline_table, bench_table
+    from jigsawrl.bench.real import BenchRealSpec, run_bench_real
+    from jigsawrl.bench.real_report import bench_notes, bench_pipeline_table, bench_table
 
     console = Console()
     spec = BenchRealSpec(**spec_kwargs)

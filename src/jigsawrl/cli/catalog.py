@@ -59,7 +59,7 @@ def _models() -> Table:
 
 
 def _tasks() -> Table:
-    from jigsawrl.workload.tasks import TASKS
+    from jigsawrl.workload.task_presets import TASKS
 
     t = _table("simulator tasks", ["name", "prompt", "median response", "turns", "tool latency",
                                    "description"])

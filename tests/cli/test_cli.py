@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from jigsawrl.cli import app
+from jigsawrl.cli.main import app
 
 runner = CliRunner()
 SMALL = ["--set", "pipelines.0.steps=2", "--set", "pipelines.1.steps=2",

@@ -14,12 +14,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from jigsawrl.benchreal import BenchRealResult, BenchRealSpec, _relate, run_bench_real
-from jigsawrl.calibrate import Calibration, Compared
-from jigsawrl.cli import app
-from jigsawrl.compare import CompareResult
-from jigsawrl.config import load_config
-from jigsawrl.realreport import (
+from jigsawrl.bench.real import BenchRealResult, BenchRealSpec, _relate, run_bench_real
+from jigsawrl.bench.real_report import (
     bench_notes,
     bench_pipeline_table,
     bench_table,
@@ -27,6 +23,10 @@ from jigsawrl.realreport import (
     reward_curves,
     run_table,
 )
+from jigsawrl.cli.main import app
+from jigsawrl.config import load_config
+from jigsawrl.experiments.calibrate import Calibration, Compared
+from jigsawrl.experiments.compare import CompareResult
 
 runner = CliRunner()
 BENCH = "configs/real/bench.yaml"
@@ -130,7 +130,7 @@ def test_run_ray_bad_profile_exits_2_before_ray_starts() -> None:
 
 def test_modules_import_without_torch_and_ray() -> None:
     code = ("import sys\nfor m in ('torch', 'ray', 'transformers'): sys.modules[m] = None\n"
-            "import jigsawrl.calibrate, jigsawrl.benchreal, jigsawrl.realreport\nprint('ok')")
+            "import jigsawrl.experiments.calibrate, jigsawrl.bench.real, jigsawrl.bench.real_report\nprint('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

@@ -1,6 +1,6 @@
 """Decode throughput of the rollout engine, beside a plain transformers KV-cache loop.
 
-Run: ``HF_HUB_OFFLINE=1 python -m jigsawrl.engine.rollout_bench qwen2-1m qwen2-10m``
+Run: ``HF_HUB_OFFLINE=1 python -m jigsawrl.bench.rollout qwen2-1m qwen2-10m``
 (1 thread, 16 requests x 64 new tokens, 12-token prompts, greedy, random-init weights). The plain
 loop (one batched ``DynamicCache`` forward per token, argmax, no bookkeeping) is the ceiling the
 engine's continuous batching is measured against, in the same process so that machine load hits

@@ -2,7 +2,7 @@
 
 What: :func:`resolve_real` turns a config whose pipelines name *engine* presets (``qwen2-1m``)
 and *real* tasks (``arithmetic``, ``calculator``, ...) into the same
-:class:`~jigsawrl.workload.resolve.Experiment` the simulator runs, using the CPU presets of
+:class:`~jigsawrl.workload.experiment.Experiment` the simulator runs, using the CPU presets of
 :mod:`jigsawrl.workload.realpresets`; :func:`run_real` runs it with the configured scheduler
 through :class:`~jigsawrl.executors.raycluster.RayExecutor` and summarises the events with the
 metrics code the simulator uses (``executor: "ray"`` in the summary).
@@ -11,7 +11,7 @@ Why: DESIGN.md §3 — one scheduler, two executors. ``engine/run.py`` runs pipe
 (the solo reference); here several real pipelines share the logical devices under a policy.
 
 Simplification: a real pipeline's ``task``/``sampler`` fields hold a neutral stub
-:class:`~jigsawrl.workload.tasks.TaskSpec` named after the real task. The driver and the
+:class:`~jigsawrl.workload.task_presets.TaskSpec` named after the real task. The driver and the
 policies read only ``spec`` and ``model`` (plus the simulator task table, where a real task name
 is absent, so ``jigsaw`` falls back to ``max_response_tokens // 4`` as its length prior); the
 sampler is never sampled, because true lengths come from the engine.
@@ -27,61 +27,16 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from jigsawrl.config import ExperimentConfig, PipelineSpec, dump_config
+from jigsawrl.config import ExperimentConfig, dump_config
+from jigsawrl.costmodel.cpu import cpu_worker_params
 from jigsawrl.errors import ConfigError
 from jigsawrl.events import Event
+from jigsawrl.experiments.resolve import resolve_real
 from jigsawrl.metrics.summary import RunInfo, summarize
-from jigsawrl.workload.realpresets import REAL_ACCELERATORS, cpu_worker_params, engine_model_spec
-from jigsawrl.workload.resolve import Experiment, ResolvedPipeline
-from jigsawrl.workload.tasks import RequestSampler, TaskSpec
 
 log = logging.getLogger(__name__)
 
 RewardFn = Callable[[str, Any], float]
-
-
-def stub_task(p: PipelineSpec) -> TaskSpec:
-    """A neutral TaskSpec for a real task (never sampled; see the module docstring)."""
-    return TaskSpec(name=p.task, prompt_mean=32, prompt_std=0, response_median=max(
-        1, p.max_response_tokens // 4), response_sigma=0.0, prompt_difficulty_sigma=0.0,
-        description="stub of a real task: lengths are observed from the engine")
-
-
-def resolve_real(cfg: ExperimentConfig) -> Experiment:
-    """Resolve a real-run config against the CPU presets.
-
-    Raises:
-        ConfigError: an accelerator that is not a CPU preset, an unknown engine model or task,
-            tensor parallelism (the CPU engine has none), or more devices than the cluster has.
-    """
-    from jigsawrl.tasks import get_task, list_tasks
-
-    accel = REAL_ACCELERATORS.get(cfg.cluster.accelerator)
-    if accel is None:
-        raise ConfigError(f"{cfg.cluster.accelerator!r} is not a real-run accelerator",
-                          where="cluster.accelerator",
-                          fix=f"use one of {sorted(REAL_ACCELERATORS)} for real runs")
-    pipes = []
-    for i, p in enumerate(cfg.pipelines):
-        where = f"pipelines.{i}"
-        if p.task not in list_tasks():
-            raise ConfigError(f"unknown real task {p.task!r}", where=f"{where}.task",
-                              fix=f"use one of {list_tasks()}")
-        try:  # bad task parameters fail here, not in a worker after Ray has started
-            get_task(p.task, **p.rollout.task_params)
-        except ConfigError as exc:
-            raise ConfigError(str(exc), where=f"{where}.rollout.task_params") from None
-        if p.rollout_tp != 1 or p.train_tp != 1:
-            raise ConfigError("the CPU engine has no tensor parallelism", where=where,
-                              fix="set rollout_tp: 1 and train_tp: 1")
-        if (p.num_devices or 0) > cfg.cluster.num_devices:
-            raise ConfigError(f"num_devices={p.num_devices} but the cluster has "
-                              f"{cfg.cluster.num_devices}", where=f"{where}.num_devices")
-        task = stub_task(p)
-        sampler = RequestSampler(task, group_size=p.group_size,
-                                 max_response_tokens=p.max_response_tokens)
-        pipes.append(ResolvedPipeline(i, p, engine_model_spec(p.model), task, sampler))
-    return Experiment(cfg, accel, tuple(pipes))
 
 
 def checkpoint_offsets(cfg: ExperimentConfig, out_dir: Path | None) -> dict[str, int]:
@@ -176,7 +131,7 @@ def run_real(cfg: ExperimentConfig, *, policy: str | None = None, address: str |
     exp = resolve_real(cfg)
     name = policy or cfg.scheduler.name
     pol = get_policy(name, params_for(cfg.scheduler.name, cfg.scheduler.params, name))
-    if len(getattr(pol, "variants", lambda: [pol])()) > 1:
+    if len(pol.variants()) > 1:
         raise ConfigError(f"{name!r} compares several placements, one real run each",
                           where="scheduler.name", fix="use verl-split or verl-serial")
     belief = CostModel(exp.accelerator,

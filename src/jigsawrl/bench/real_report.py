@@ -3,7 +3,7 @@
 What: rich :class:`~rich.table.Table` builders (the CLI prints them; nothing here prints) for
 
 - one real run: per pipeline, measured and predicted mean step latency and tokens/s
-  (:func:`run_table`, from a :class:`~jigsawrl.calibrate.Calibration`);
+  (:func:`run_table`, from a :class:`~jigsawrl.experiments.calibrate.Calibration`);
 - a bench: per policy, measured throughput, ratio to verl, makespan, busy fraction and latency vs
   alone, each with the simulator's prediction beside it (:func:`bench_table`), and per pipeline
   and policy the step latency (:func:`bench_pipeline_table`);
@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING, Any
 from rich import box
 from rich.table import Table
 
-from jigsawrl.calibrate import TARGET_REL_ERROR, Calibration, Compared, samples_per_s
+from jigsawrl.experiments.calibrate import TARGET_REL_ERROR, Calibration, Compared, samples_per_s
 
 if TYPE_CHECKING:
-    from jigsawrl.benchreal import BenchRealResult
+    from jigsawrl.bench.real import BenchRealResult
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ as DESIGN.md §6 asks. Each seed's solo-latency reference is computed once and s
 
 A compared entry is a *label*: a registered policy name, or a label mapped by ``variants`` to a
 policy and its params (``{"jigsaw-depth0": ("jigsaw", {"depth": 0})}``, for ablations). With
-``keep_events`` the first seed's :class:`~jigsawrl.runner.SimRun` of each label is kept in
+``keep_events`` the first seed's :class:`~jigsawrl.experiments.simulated.SimRun` of each label is kept in
 ``CompareResult.first_runs`` (for timelines); it is not part of ``to_json``.
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 from jigsawrl.config import ExperimentConfig, SchedulerSpec
 from jigsawrl.driver.state import InvariantError
 from jigsawrl.errors import ConfigError
-from jigsawrl.runner import SimRun, simulate, solo_latencies
+from jigsawrl.experiments.simulated import SimRun, simulate, solo_latencies
 from jigsawrl.scheduler import list_policies
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """Calibration: the simulator's prediction of a finished real run, side by side with it.
 
-What: given a real-run config, the events of a finished real run (``realrun.run_real``), the
+What: given a real-run config, the events of a finished real run (``experiments.real.run_real``), the
 policy it ran under and a machine profile (``jigsawrl profile``; None = the built-in, unmeasured
 ``cpu-worker`` preset), :func:`calibrate` builds a *simulated* experiment that replays the real
 run's workload — each step's observed per-sample prompt length, response length and turns
@@ -51,12 +51,12 @@ import numpy as np
 
 from jigsawrl.config import ExperimentConfig, PipelineSpec
 from jigsawrl.costmodel import CostModel
+from jigsawrl.costmodel.cpu import cpu_worker_params
 from jigsawrl.errors import InputError
 from jigsawrl.events import Event, SampleFinished, StepFinished
 from jigsawrl.metrics.summary import RunInfo, summarize
-from jigsawrl.workload.realpresets import cpu_worker_params
+from jigsawrl.workload.experiment import Experiment
 from jigsawrl.workload.requests import RequestTruth, TurnTruth
-from jigsawrl.workload.resolve import Experiment
 
 log = logging.getLogger(__name__)
 
@@ -397,7 +397,7 @@ def calibrate(cfg: ExperimentConfig, events: Sequence[Event], policy: str, *,
         policy: the policy it ran under (its params: ``scheduler.base.params_for``).
         profile: a ``jigsawrl profile`` YAML; None = the built-in (unmeasured) preset.
         measured: the real run's summary (default: summarised from ``events``).
-        exp: the resolved experiment (default: ``realrun.resolve_real(cfg)``; tests pass one to
+        exp: the resolved experiment (default: ``experiments.resolve.resolve_real(cfg)``; tests pass one to
             stay torch-free).
         tool_tokens: pipeline -> tokens per tool result (default: :func:`tool_result_tokens`).
 
@@ -406,7 +406,7 @@ def calibrate(cfg: ExperimentConfig, events: Sequence[Event], policy: str, *,
         ConfigError: an invalid config or policy.
     """
     if exp is None:
-        from jigsawrl.realrun import resolve_real
+        from jigsawrl.experiments.resolve import resolve_real
 
         exp = resolve_real(cfg)
     if measured is None:

@@ -1,6 +1,6 @@
 """``BENCHMARKS-paper.md``: the paper matrix's results as markdown, and its headline claims.
 
-Why a separate module: :mod:`jigsawrl.benchpaper` runs the matrix; this one only reads the
+Why a separate module: :mod:`jigsawrl.bench.paper` runs the matrix; this one only reads the
 summaries it produced and formats them, so the report can change without touching the runs.
 
 The report opens with what DESIGN.md §6 asks for — the exact command, the machine, the seeds —
@@ -16,10 +16,9 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from jigsawrl.benchpaper import GroupResult, PaperRun
+from jigsawrl.bench.paper_matrix import GroupResult, PaperRun
 
 DASH = "–"
 

@@ -1,4 +1,6 @@
-"""From a validated config to a resolved experiment: presets looked up, feasibility checked.
+"""From a validated config to a resolved :class:`~jigsawrl.workload.experiment.Experiment`:
+presets looked up, feasibility checked — for simulated runs (:func:`resolve`) and real runs on
+Ray (:func:`resolve_real`).
 
 Schema errors are caught in ``config.py``; here we catch what needs the presets: unknown
 accelerator / model / task names, TP larger than a node, a model that cannot fit, a pipeline that
@@ -8,51 +10,18 @@ asks for more devices than the cluster has. Each error names the key and the fix
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
 
 from jigsawrl.config import ExperimentConfig, PipelineSpec
 from jigsawrl.errors import ConfigError
 from jigsawrl.workload.accelerators import ACCELERATORS, AcceleratorSpec
+from jigsawrl.workload.experiment import (
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    Experiment,
+    ResolvedPipeline,
+)
 from jigsawrl.workload.models import MODELS, ModelSpec
-from jigsawrl.workload.tasks import TASKS, RequestSampler, TaskSpec, load_length_trace
-
-# vLLM reserves this fraction of device memory for weights + KV cache by default in verl's
-# example configs (actor_rollout_ref.rollout.gpu_memory_utilization: 0.5–0.6); we use 0.6.
-DEFAULT_GPU_MEMORY_UTILIZATION = 0.6
-
-
-@dataclass(frozen=True, slots=True)
-class ResolvedPipeline:
-    index: int
-    spec: PipelineSpec
-    model: ModelSpec
-    task: TaskSpec
-    sampler: RequestSampler
-
-
-@dataclass(frozen=True, slots=True)
-class Experiment:
-    config: ExperimentConfig
-    accelerator: AcceleratorSpec
-    pipelines: tuple[ResolvedPipeline, ...]
-
-    @property
-    def num_devices(self) -> int:
-        return self.config.cluster.num_devices
-
-    @property
-    def price_per_hour(self) -> float:
-        p = self.config.cluster.price_per_hour
-        return self.accelerator.price_per_hour_usd if p is None else p
-
-    def pipeline(self, name: str) -> ResolvedPipeline:
-        for p in self.pipelines:
-            if p.spec.name == name:
-                return p
-        raise KeyError(name)
-
-    def node_of(self, device: int) -> int:
-        return device // self.config.cluster.accelerators_per_node
+from jigsawrl.workload.realpresets import REAL_ACCELERATORS, engine_model_spec
+from jigsawrl.workload.task_presets import TASKS, RequestSampler, TaskSpec, load_length_trace
 
 
 def _lookup(table: dict, name: str, where: str, what: str):  # noqa: ANN202
@@ -97,10 +66,7 @@ def _resolve_pipeline(cfg: ExperimentConfig, i: int, p: PipelineSpec, accel: Acc
             raise ConfigError(f"{key}={tp} is larger than a node ({per_node} accelerators)",
                               where=f"{where}.{key}",
                               fix=f"use {key} <= {per_node} (tensor parallelism stays in a node)")
-    n = p.num_devices or cfg.cluster.num_devices
-    if n > cfg.cluster.num_devices:
-        raise ConfigError(f"num_devices={n} but the cluster has {cfg.cluster.num_devices}",
-                          where=f"{where}.num_devices", fix="lower it or grow the cluster")
+    n = _num_devices(cfg, i, p)
     if n % p.rollout_tp:
         raise ConfigError(f"num_devices={n} is not a multiple of rollout_tp={p.rollout_tp}",
                           where=f"{where}.num_devices")
@@ -110,6 +76,15 @@ def _resolve_pipeline(cfg: ExperimentConfig, i: int, p: PipelineSpec, accel: Acc
                              max_response_tokens=p.max_response_tokens,
                              drift_per_step=p.length_drift_per_step, trace=trace)
     return ResolvedPipeline(i, p, model, task, sampler)
+
+
+def _num_devices(cfg: ExperimentConfig, i: int, p: PipelineSpec) -> int:
+    """The devices pipeline ``i`` may use (its ``num_devices``, else the whole cluster)."""
+    n = p.num_devices or cfg.cluster.num_devices
+    if n > cfg.cluster.num_devices:
+        raise ConfigError(f"num_devices={n} but the cluster has {cfg.cluster.num_devices}",
+                          where=f"pipelines.{i}.num_devices", fix="lower it or grow the cluster")
+    return n
 
 
 def _check_memory(where: str, p: PipelineSpec, model: ModelSpec, accel: AcceleratorSpec,
@@ -130,11 +105,44 @@ def _check_memory(where: str, p: PipelineSpec, model: ModelSpec, accel: Accelera
             fix="raise rollout_tp or lower max_response_tokens")
 
 
-def kv_mem_bytes(exp: Experiment, pipe: ResolvedPipeline, resident_bytes: float,
-                 gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
-                 cost=None) -> float:  # noqa: ANN001
-    """Per-device KV-cache bytes a rollout engine gets next to ``resident_bytes`` of other state."""
-    hbm = exp.accelerator.hbm_bytes
-    weights = cost.rollout_weight_bytes(pipe.model, pipe.spec.rollout_tp)
-    engine = min(gpu_memory_utilization * hbm, hbm - resident_bytes)
-    return max(0.0, engine - weights)
+# ---------------------------------------------------------------- real runs (Ray, CPU presets)
+def stub_task(p: PipelineSpec) -> TaskSpec:
+    """A neutral TaskSpec for a real task (never sampled; see the module docstring)."""
+    return TaskSpec(name=p.task, prompt_mean=32, prompt_std=0, response_median=max(
+        1, p.max_response_tokens // 4), response_sigma=0.0, prompt_difficulty_sigma=0.0,
+        description="stub of a real task: lengths are observed from the engine")
+
+
+def resolve_real(cfg: ExperimentConfig) -> Experiment:
+    """Resolve a real-run config against the CPU presets.
+
+    Raises:
+        ConfigError: an accelerator that is not a CPU preset, an unknown engine model or task,
+            tensor parallelism (the CPU engine has none), or more devices than the cluster has.
+    """
+    from jigsawrl.tasks import get_task, list_tasks
+
+    accel = REAL_ACCELERATORS.get(cfg.cluster.accelerator)
+    if accel is None:
+        raise ConfigError(f"{cfg.cluster.accelerator!r} is not a real-run accelerator",
+                          where="cluster.accelerator",
+                          fix=f"use one of {sorted(REAL_ACCELERATORS)} for real runs")
+    pipes = []
+    for i, p in enumerate(cfg.pipelines):
+        where = f"pipelines.{i}"
+        if p.task not in list_tasks():
+            raise ConfigError(f"unknown real task {p.task!r}", where=f"{where}.task",
+                              fix=f"use one of {list_tasks()}")
+        try:  # bad task parameters fail here, not in a worker after Ray has started
+            get_task(p.task, **p.rollout.task_params)
+        except ConfigError as exc:
+            raise ConfigError(str(exc), where=f"{where}.rollout.task_params") from None
+        if p.rollout_tp != 1 or p.train_tp != 1:
+            raise ConfigError("the CPU engine has no tensor parallelism", where=where,
+                              fix="set rollout_tp: 1 and train_tp: 1")
+        _num_devices(cfg, i, p)
+        task = stub_task(p)
+        sampler = RequestSampler(task, group_size=p.group_size,
+                                 max_response_tokens=p.max_response_tokens)
+        pipes.append(ResolvedPipeline(i, p, engine_model_spec(p.model), task, sampler))
+    return Experiment(cfg, accel, tuple(pipes))

@@ -1,7 +1,7 @@
 """calibrate.py: replaying a run's observed workload in the simulator, and the side by side.
 
 No Ray and no torch: the experiments are built by hand with a small ModelSpec (what
-``realrun.resolve_real`` would build from an engine preset), and the "real" runs are simulated
+``experiments.resolve.resolve_real`` would build from an engine preset), and the "real" runs are simulated
 runs whose events stand in for a real run's.
 """
 
@@ -12,7 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from jigsawrl.calibrate import (
+from jigsawrl.config import load_config
+from jigsawrl.errors import InputError
+from jigsawrl.events import SampleFinished, StepFinished
+from jigsawrl.experiments.calibrate import (
     TARGET_REL_ERROR,
     Compared,
     ReplaySampler,
@@ -25,14 +28,11 @@ from jigsawrl.calibrate import (
     tool_result_tokens,
     truth_cost,
 )
-from jigsawrl.config import load_config
-from jigsawrl.errors import InputError
-from jigsawrl.events import SampleFinished, StepFinished
+from jigsawrl.workload.experiment import Experiment, ResolvedPipeline
 from jigsawrl.workload.models import ModelSpec
 from jigsawrl.workload.realpresets import CPU_ACCELERATOR
 from jigsawrl.workload.requests import RequestTruth, TurnTruth
-from jigsawrl.workload.resolve import Experiment, ResolvedPipeline
-from jigsawrl.workload.tasks import RequestSampler, TaskSpec
+from jigsawrl.workload.task_presets import RequestSampler, TaskSpec
 
 TINY_MODEL = ModelSpec(name="tiny", num_layers=2, hidden_size=128, num_heads=4, num_kv_heads=2,
                        head_dim=32, intermediate_size=512, vocab_size=100, num_params=1e6,
@@ -56,7 +56,7 @@ def config(policy: str = "verl-serial", steps: int = 2) -> object:
 def experiment(cfg: object) -> Experiment:
     pipes = []
     for i, p in enumerate(cfg.pipelines):  # type: ignore[attr-defined]
-        task = TaskSpec(name=p.task, prompt_mean=32, prompt_std=0,  # as realrun.stub_task
+        task = TaskSpec(name=p.task, prompt_mean=32, prompt_std=0,  # as experiments.resolve.stub_task
                         response_median=p.max_response_tokens // 4, response_sigma=0.0,
                         prompt_difficulty_sigma=0.0)
         sampler = RequestSampler(task, group_size=p.group_size,

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from jigsawrl.config import load_config
-from jigsawrl.runner import run_once
+from jigsawrl.experiments.resolve import resolve
+from jigsawrl.experiments.simulated import run_once
 from jigsawrl.scheduler import get_policy
-from jigsawrl.workload.resolve import resolve
 
 
 def sim_speed(config: Path, repeats: int = 3) -> dict[str, Any]:
@@ -21,7 +21,7 @@ def sim_speed(config: Path, repeats: int = 3) -> dict[str, Any]:
     events = 0
     for _ in range(repeats):
         pol = get_policy(cfg.scheduler.name, cfg.scheduler.params)
-        pol = pol.variants()[0] if hasattr(pol, "variants") else pol
+        pol = pol.variants()[0]
         t0 = time.perf_counter()
         res = run_once(exp, pol, cfg.seed)
         walls.append(time.perf_counter() - t0)

@@ -1,4 +1,7 @@
-"""``jigsawrl profile``: measure this machine's sub-stage costs and fit the cost model to them.
+"""The fitting half of ``jigsawrl profile`` (numpy only): measured sub-stage times -> cost model.
+
+The measuring half (torch, the real engine) is :mod:`jigsawrl.experiments.profiling`.
+
 
 What: with the real CPU engine (``jigsawrl.engine``) and for each torch thread count (a CPU
 worker's "compute share"), time
@@ -35,11 +38,9 @@ The fitting half is numpy only (tested without torch); torch is imported by the 
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import datetime as dt
 import logging
-import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -50,19 +51,18 @@ from typing import Any
 import numpy as np
 import yaml
 
+from jigsawrl.costmodel.cpu import cpu_worker_params
 from jigsawrl.costmodel.model import CostModel
 from jigsawrl.costmodel.profile import PROFILE_VERSION, cost_inputs
 from jigsawrl.costmodel.roofline import CostParams, prefill_flops
 from jigsawrl.errors import ConfigError
 from jigsawrl.workload.models import ModelSpec
-from jigsawrl.workload.realpresets import cpu_worker_params
 
 log = logging.getLogger(__name__)
 
 # CostModel's Adam step moves 30 bytes per parameter (costmodel/model.py); subtracted from the
 # measured update time before the train FLOP rate is computed.
 _ADAM_BYTES_PER_PARAM = 30.0
-_MEMCPY_BYTES = 64 * 2**20
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,20 +359,6 @@ def _plain(value: Any) -> Any:
     return value
 
 
-# ============================================================================ measuring (torch)
-
-
-def machine_info() -> dict[str, Any]:
-    """The bench report's machine facts, plus the torch version and the load average (profiles
-    taken on a busy machine read slower)."""
-    import torch
-
-    from jigsawrl.benchpaper import machine_info as base_info
-
-    return {**base_info(), "torch": str(torch.__version__),
-            "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
-
-
 def median_time_s(fn: Callable[[], object], repeats: int) -> float:
     """Median wall time of ``fn`` over ``repeats`` calls, after one warm-up call."""
     fn()
@@ -382,175 +368,3 @@ def median_time_s(fn: Callable[[], object], repeats: int) -> float:
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
-
-
-def _decode_point(model: Any, tok: Any, batch: int, prompt_len: int, iters: int,
-                  seed: int) -> tuple[dict[str, float], dict[str, float]]:
-    """(decode point, prefill point) of one batch of equal-length prompts on a fresh engine."""
-    from jigsawrl.engine.rollout import GenerationRequest, RolloutEngine, SamplingParams
-
-    rng = np.random.default_rng(seed + batch * 1000 + prompt_len)
-    engine = RolloutEngine(model, tok, max_batch_tokens=batch * (prompt_len + iters + 4),
-                           max_num_seqs=batch, eos_token_id=-1)
-    low = len(tok.all_special_ids)
-    for i in range(batch):
-        ids = rng.integers(low, len(tok), prompt_len).tolist()
-        engine.add_request(GenerationRequest(f"p{i}", ids, SamplingParams(iters + 1, 0.0)))
-    t0 = time.perf_counter()
-    engine.step()  # prefill of every prompt (and one sampled token each)
-    prefill = {"tokens": batch * prompt_len, "seqs": batch, "time_s": time.perf_counter() - t0}
-    times, ctxs = [], []
-    for j in range(iters):
-        t0 = time.perf_counter()
-        engine.step()
-        times.append(time.perf_counter() - t0)
-        ctxs.append(batch * (prompt_len + j + 1))  # KV tokens attended, summed over the batch
-    decode = {"batch": batch, "prompt_len": prompt_len, "ctx_tokens": statistics.median(ctxs),
-              "time_s": statistics.median(times)}
-    return decode, prefill
-
-
-def _train_batch(tok: Any, settings: ProfileSettings) -> Any:
-    import torch
-
-    from jigsawrl.engine.trainer import build_batch
-
-    rng = np.random.default_rng(settings.seed)
-    low, half = len(tok.all_special_ids), settings.train_len // 2
-    seqs = []
-    for _ in range(settings.train_seqs):
-        ids = rng.integers(low, len(tok), settings.train_len).tolist()
-        seqs.append((ids[:half], ids[half:], [1] * (settings.train_len - half)))
-    adv = torch.tensor(rng.standard_normal(settings.train_seqs), dtype=torch.float32)
-    return build_batch(seqs, adv, tok.pad_token_id)
-
-
-def _train_side(model: Any, engine_model: Any, tok: Any,
-                settings: ProfileSettings) -> dict[str, Any]:
-    """Median log-prob, update, weight-sync and memcpy times at the current thread count."""
-    import torch
-
-    from jigsawrl.engine.rollout import RolloutEngine
-    from jigsawrl.engine.trainer import GRPOConfig, GRPOTrainer, compute_logprobs
-
-    batch = _train_batch(tok, settings)
-    tokens = int(batch.attention_mask.sum())
-    mb = settings.train_seqs
-    batch.old_logprobs = compute_logprobs(model, batch, mb)
-    # a second, small pass (a quarter of the rows, half the length) separates per-call costs
-    small = _train_batch(tok, dataclasses.replace(
-        settings, train_seqs=max(2, settings.train_seqs // 4),
-        train_len=max(8, settings.train_len // 2)))
-    small.old_logprobs = compute_logprobs(model, small, mb)
-    trainer = GRPOTrainer(model, GRPOConfig(micro_batch_size=mb))
-    engine = RolloutEngine(engine_model, tok)
-    src, dst = torch.ones(_MEMCPY_BYTES // 4), torch.empty(_MEMCPY_BYTES // 4)
-    reps = settings.repeats
-    small_tokens = int(small.attention_mask.sum())
-    return {
-        "logprob": {"tokens": tokens,
-                    "time_s": median_time_s(lambda: compute_logprobs(model, batch, mb), reps)},
-        "logprob_small": {"tokens": small_tokens,
-                          "time_s": median_time_s(lambda: compute_logprobs(model, small, mb), reps)},
-        "train": {"tokens": tokens, "time_s": median_time_s(lambda: trainer.update(batch), reps)},
-        "train_small": {"tokens": small_tokens,
-                        "time_s": median_time_s(lambda: trainer.update(small), reps)},
-        "weight_sync": {"params": sum(p.numel() for p in model.parameters()),
-                        "time_s": median_time_s(lambda: engine.load_weights(model.state_dict()), reps)},
-        "memcpy": {"bytes": _MEMCPY_BYTES, "time_s": median_time_s(lambda: dst.copy_(src), reps + 2)},
-    }
-
-
-def _median_point(rounds: list[dict[str, float]]) -> dict[str, float]:
-    """One point whose ``time_s`` is the median over rounds (other fields from the first)."""
-    return {**rounds[0], "time_s": statistics.median(r["time_s"] for r in rounds)}
-
-
-def measure_threads(settings: ProfileSettings, threads: int, models: tuple[Any, Any, Any]
-                    ) -> dict[str, Any]:
-    """Every raw median at one torch thread count.
-
-    The decode grid is swept ``repeats`` times, one point after the other, so that a burst of
-    load from other processes hits one round of every point rather than every round of one.
-    """
-    import torch
-
-    engine_model, trainer_model, tok = models
-    torch.set_num_threads(threads)
-    _decode_point(engine_model, tok, 2, 8, 2, settings.seed)  # warm-up
-    grid = [(b, n) for n in settings.prompt_lens for b in settings.batches]
-    decode: dict[tuple[int, int], list[dict[str, float]]] = {g: [] for g in grid}
-    prefill: dict[tuple[int, int], list[dict[str, float]]] = {g: [] for g in grid}
-    for _ in range(settings.repeats):
-        for batch, prompt_len in grid:
-            d, p = _decode_point(engine_model, tok, batch, prompt_len, settings.decode_iters,
-                                 settings.seed)
-            decode[batch, prompt_len].append(d)
-            prefill[batch, prompt_len].append(p)
-    out = {"decode": [_median_point(decode[g]) for g in grid],
-           "prefill": [_median_point(prefill[g]) for g in grid]}
-    for d in out["decode"]:
-        log.info("threads %d batch %d prompt %d: decode %.2f ms", threads, d["batch"],
-                 d["prompt_len"], 1e3 * d["time_s"])
-    return {**out, **_train_side(trainer_model, engine_model, tok, settings)}
-
-
-def measure_rewards(seed: int = 0, per_task: int = 32) -> float:
-    """Median seconds per sample of the built-in tasks' reward functions (what a reward
-    worker runs per sample), each scoring its examples' ground truths and a wrong answer."""
-    from jigsawrl.tasks import get_task, list_tasks, safe_score
-
-    per_sample = []
-    for name in list_tasks():
-        task = get_task(name)
-        examples = task.make_dataset(per_task, seed)
-        answers = [(ex.ground_truth, ex) for ex in examples] + [("<answer>0</answer>", ex)
-                                                                for ex in examples]
-        t0 = time.perf_counter()
-        for text, ex in answers:
-            safe_score(task, str(text), ex)
-        per_sample.append((time.perf_counter() - t0) / len(answers))
-        log.info("reward %s: %.3f ms per sample", name, 1e3 * per_sample[-1])
-    return statistics.median(per_sample)
-
-
-def measure_runtime(settings: ProfileSettings, engine_model: Any) -> dict[str, Any]:
-    """Reward scoring per sample, and (when Ray is installed) an actor call and a transfer of
-    ``engine_model``'s fp32 weights between two Ray worker processes."""
-    out: dict[str, Any] = {"reward_s_per_sample": measure_rewards(settings.seed)}
-    try:
-        from jigsawrl.executors.raycluster.probe import measure_transport
-    except ImportError as exc:
-        log.warning("Ray call and transfer costs not profiled (%s)", exc)
-        return out
-    weights = {k: v.detach().float().clone() for k, v in engine_model.state_dict().items()}
-    out["ray"] = measure_transport(weights, reps=max(5, 3 * settings.repeats))
-    return out
-
-
-def run_profile(settings: ProfileSettings,
-                on_threads: Callable[[int], None] | None = None) -> dict[str, Any]:
-    """Measure every thread count of ``settings`` and return the profile document.
-
-    Raises:
-        ConfigError: an unknown model preset.
-    """
-    import torch
-
-    from jigsawrl.engine.models import build_model
-    from jigsawrl.workload.realpresets import engine_model_spec
-
-    spec = engine_model_spec(settings.model)
-    engine_model, tok = build_model(settings.model, seed=settings.seed)
-    trainer_model = copy.deepcopy(engine_model)
-    before = torch.get_num_threads()
-    raw: dict[int, dict[str, Any]] = {}
-    try:
-        for threads in settings.threads:
-            if on_threads is not None:
-                on_threads(threads)
-            raw[threads] = measure_threads(settings, threads, (engine_model, trainer_model, tok))
-    finally:
-        torch.set_num_threads(before)
-    runtime = measure_runtime(settings, engine_model) if settings.runtime else None
-    return build_profile(spec, settings, raw, machine_info(), runtime)

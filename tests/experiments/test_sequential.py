@@ -12,10 +12,10 @@ torch = pytest.importorskip("torch")
 import typer  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
+from jigsawrl.cli.real import register  # noqa: E402
 from jigsawrl.config import load_config  # noqa: E402
-from jigsawrl.engine.cli import register  # noqa: E402
-from jigsawrl.engine.run import run_experiment  # noqa: E402
 from jigsawrl.errors import InputError  # noqa: E402
+from jigsawrl.experiments.sequential import run_experiment  # noqa: E402
 
 torch.set_num_threads(1)
 

@@ -16,10 +16,7 @@ import numpy as np
 import pytest
 
 from jigsawrl.costmodel import CostModel
-from jigsawrl.costmodel.profile import load_profile, load_slowdown_table
-from jigsawrl.costmodel.roofline import prefill_flops
-from jigsawrl.errors import ConfigError
-from jigsawrl.profiling import (
+from jigsawrl.costmodel.fit import (
     DecodeFit,
     ProfileSettings,
     build_profile,
@@ -29,6 +26,9 @@ from jigsawrl.profiling import (
     parse_threads,
     slowdown_table,
 )
+from jigsawrl.costmodel.profile import load_profile, load_slowdown_table
+from jigsawrl.costmodel.roofline import prefill_flops
+from jigsawrl.errors import ConfigError
 from jigsawrl.workload.models import ModelSpec
 
 MODEL = ModelSpec(name="m", num_layers=4, hidden_size=128, num_heads=4, num_kv_heads=2,
@@ -120,7 +120,7 @@ def test_fit_is_robust_to_noise() -> None:
 
 
 def test_profile_round_trips_through_load_profile(tmp_path: Path) -> None:
-    from jigsawrl.profiling import write_profile
+    from jigsawrl.costmodel.fit import write_profile
 
     doc = _profile()
     path = write_profile(doc, tmp_path / "sub" / "cpu.yaml")
@@ -153,7 +153,7 @@ def test_quick_profile_end_to_end(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     from typer.testing import CliRunner
 
-    from jigsawrl.cli import app
+    from jigsawrl.cli.main import app
     from jigsawrl.costmodel.profile import read_profile
     from jigsawrl.workload.realpresets import engine_model_spec
 
@@ -210,14 +210,14 @@ def test_cli_rejects_bad_threads(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     from typer.testing import CliRunner
 
-    from jigsawrl.cli import app
+    from jigsawrl.cli.main import app
 
     res = CliRunner().invoke(app, ["profile", "--threads", "0", "--out", str(tmp_path / "p")])
     assert res.exit_code == 2
 
 
 def test_pass_line_separates_per_call_overhead() -> None:
-    from jigsawrl.profiling import pass_line
+    from jigsawrl.costmodel.fit import pass_line
 
     raw = {"train": {"tokens": 2048, "time_s": 0.05 + 2048e-5 + 0.01},
            "train_small": {"tokens": 256, "time_s": 0.05 + 256e-5 + 0.01}}

@@ -3,9 +3,9 @@
 What: :func:`run_bench_real` runs one real multi-pipeline config (``configs/real/bench.yaml``:
 ``countdown``, ``calculator`` with a tool latency, ``search``) on the local pool once per policy
 — ``verl-serial``, ``verl-split``, ``greedy``, ``jigsaw`` by default, same config, same seed —
-through :func:`jigsawrl.realrun.run_real`, and for each run asks :mod:`jigsawrl.calibrate` for the
+through :func:`jigsawrl.experiments.real.run_real`, and for each run asks :mod:`jigsawrl.experiments.calibrate` for the
 simulator's prediction of it (the same workload replayed, the machine's profile as cost model).
-The result is a :class:`~jigsawrl.compare.CompareResult` (``compare.json`` in the shape of
+The result is a :class:`~jigsawrl.experiments.compare.CompareResult` (``compare.json`` in the shape of
 ``jigsawrl compare``), each summary carrying its prediction under ``"predicted"``.
 
 Definitions (said here because the table is read against them):
@@ -38,11 +38,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jigsawrl.calibrate import Calibration, calibrate, simulate_replay, truth_cost
-from jigsawrl.compare import CompareResult, write_compare
 from jigsawrl.config import ExperimentConfig, dump_config, load_config
 from jigsawrl.driver.state import InvariantError
 from jigsawrl.errors import ConfigError, JigsawError
+from jigsawrl.experiments.calibrate import Calibration, calibrate, simulate_replay, truth_cost
+from jigsawrl.experiments.compare import CompareResult, write_compare
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ def feasibility(cfg: ExperimentConfig, policy: str) -> str | None:
     The dry run uses the real run's resolved experiment with its neutral stub workload and the
     built-in cost model, so it costs milliseconds and no Ray start-up.
     """
-    from jigsawrl.realrun import resolve_real
+    from jigsawrl.experiments.resolve import resolve_real
 
     try:
         exp = resolve_real(cfg)
@@ -206,7 +206,7 @@ def _profile_path(profile: Path | None) -> str | None:
 def _run_policy(spec: BenchRealSpec, cfg: ExperimentConfig, policy: str, profile: str | None,
                 result: BenchRealResult) -> tuple[dict[str, Any] | None, str | None]:
     """One real run and its prediction; ``(None, why)`` when the policy cannot or did not run."""
-    from jigsawrl.realrun import run_real
+    from jigsawrl.experiments.real import run_real
 
     why = feasibility(cfg, policy)
     if why is not None:

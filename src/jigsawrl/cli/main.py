@@ -85,9 +85,9 @@ def simulate(
 ) -> None:
     """Simulate a config; write runs/<name>/ and print the summary."""
     from jigsawrl.config import dump_config, load_config
+    from jigsawrl.experiments.simulated import simulate as run_sim
     from jigsawrl.metrics.report import summary_table
     from jigsawrl.metrics.rundir import write_run
-    from jigsawrl.runner import simulate as run_sim
 
     cfg = load_config(config, set_)
     name = cfg.name or config.stem
@@ -127,8 +127,8 @@ def compare(
     baseline: Annotated[str | None, typer.Option(help="policy the ratios are taken to")] = None,
 ) -> None:
     """Run several policies on one config, side by side, and print one table."""
-    from jigsawrl.compare import compare_policies
     from jigsawrl.config import load_config
+    from jigsawrl.experiments.compare import compare_policies
     from jigsawrl.metrics.report import compare_table
 
     cfg = load_config(config, set_)
@@ -139,8 +139,8 @@ def compare(
                                   baseline=baseline, keep_events=out_dir is not None)
     out.print(compare_table(result.mean_summaries, baseline=result.baseline))
     if out_dir is not None:  # compare.json, compare.png, <policy>/ run folders with timelines
-        from jigsawrl.compare import write_compare
         from jigsawrl.config import dump_config
+        from jigsawrl.experiments.compare import write_compare
 
         write_compare(out_dir, result, config_yaml=dump_config(cfg), title=cfg.name or config.stem)
         out.print(f"wrote [bold]{out_dir}[/]: compare.json, compare.png, "
@@ -153,7 +153,7 @@ def compare(
 def list_(what: Annotated[str, typer.Argument(help="accelerators|models|tasks|schedulers")]
           ) -> None:
     """List presets and policies."""
-    from jigsawrl.catalog import catalog_table
+    from jigsawrl.cli.catalog import catalog_table
 
     out.print(catalog_table(what))
 
@@ -177,7 +177,7 @@ def bench_sim_speed(
     repeats: Annotated[int, typer.Option(min=1)] = 3,
 ) -> None:
     """Time the simulator itself (wall seconds per run; no solo references, no files)."""
-    from jigsawrl.bench import sim_speed
+    from jigsawrl.bench.speed import sim_speed
 
     res = sim_speed(config, repeats=repeats)
     table = Table(title=f"simulator speed: {config}")
@@ -202,8 +202,9 @@ def bench_paper(
     """Run the paper's evaluation matrix side by side; write BENCHMARKS-paper.md."""
     import shlex
 
-    from jigsawrl.benchpaper import REPORT_FILE, GroupResult, run_paper
-    from jigsawrl.benchpaper_md import summary_claims
+    from jigsawrl.bench.paper import run_paper
+    from jigsawrl.bench.paper_matrix import REPORT_FILE, GroupResult
+    from jigsawrl.bench.paper_report import summary_claims
     from jigsawrl.metrics.report import compare_table
 
     def show(g: GroupResult) -> None:
@@ -242,8 +243,8 @@ def bench_decide(
     steps: Annotated[int, typer.Option(min=1, help="steps per pipeline")] = 3,
 ) -> None:
     """Distribution of a policy's decision times (target: p99 <= 10 ms at 64 GPUs x 8)."""
-    from jigsawrl.benchdecide import bench_decide as measure
-    from jigsawrl.benchpaper import machine_info
+    from jigsawrl.bench.decide import bench_decide as measure
+    from jigsawrl.experiments.machine import machine_info
 
     s = measure(policy, devices, pipelines, steps=steps)
     m = machine_info()
@@ -276,7 +277,8 @@ def profile(
     try:
         import torch  # noqa: F401  (the measuring half needs the engine extra)
 
-        from jigsawrl.profiling import ProfileSettings, parse_threads, run_profile, write_profile
+        from jigsawrl.costmodel.fit import ProfileSettings, parse_threads, write_profile
+        from jigsawrl.experiments.profiling import run_profile
     except ImportError as exc:
         err.print(f"[bold red]error:[/] profiling needs the engine extra ({exc}); "
                   "install it with: pip install -e '.[engine]'")
@@ -306,7 +308,7 @@ def profile(
 def _register_engine() -> None:
     """Add ``run`` and ``bench trl`` when the engine extra (torch) is importable."""
     try:
-        from jigsawrl.engine.cli import register
+        from jigsawrl.cli.real import register
     except ImportError as exc:  # torch not installed: say how to get it
         missing = str(exc)
 

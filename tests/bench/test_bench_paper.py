@@ -14,17 +14,17 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from jigsawrl.benchdecide import decide_config, decision_stats
-from jigsawrl.benchpaper import (
+from jigsawrl.bench.decide import decide_config, decision_stats
+from jigsawrl.bench.paper import run_paper
+from jigsawrl.bench.paper_matrix import (
     QUICK_BATCH,
     QUICK_STEPS,
     REPORT_FILE,
     load_group,
     load_matrix,
     quick_config,
-    run_paper,
 )
-from jigsawrl.cli import app
+from jigsawrl.cli.main import app
 from jigsawrl.errors import ConfigError
 
 PIPE = ("{{name: {n}, model: qwen3-4b, task: gsm8k, batch_size: 8, group_size: 2, "

@@ -22,7 +22,7 @@ import numpy as np
 
 from jigsawrl.config import ExperimentConfig, validate_config
 from jigsawrl.errors import ConfigError
-from jigsawrl.runner import simulate
+from jigsawrl.experiments.simulated import simulate
 
 TASK_MIX = ("gsm8k", "math", "aime-tool", "search-r1")
 DEVICES_PER_NODE = 8
