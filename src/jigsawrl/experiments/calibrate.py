@@ -51,10 +51,12 @@ import numpy as np
 
 from jigsawrl.config import ExperimentConfig, PipelineSpec
 from jigsawrl.costmodel import CostModel
-from jigsawrl.costmodel.cpu import cpu_worker_params
 from jigsawrl.errors import InputError
 from jigsawrl.events import Event, SampleFinished, StepFinished
-from jigsawrl.metrics.summary import RunInfo, summarize
+from jigsawrl.executors.simulated import SimulatedExecutor
+from jigsawrl.experiments.core import drive, make_policy, run_info
+from jigsawrl.experiments.real import real_belief
+from jigsawrl.metrics.summary import summarize
 from jigsawrl.workload.experiment import Experiment
 from jigsawrl.workload.requests import RequestTruth, TurnTruth
 
@@ -302,9 +304,9 @@ class Calibration:
 def truth_cost(exp: Experiment, profile: str | Path | None) -> CostModel:
     """The simulator's truth for a real run: the profile's cost model (noise off), or the
     built-in ``cpu-worker`` preset when ``profile`` is None."""
-    per_node = exp.config.cluster.accelerators_per_node
     if profile is None:
-        return CostModel(exp.accelerator, params=cpu_worker_params(per_node))
+        return real_belief(exp)
+    per_node = exp.config.cluster.accelerators_per_node
     from jigsawrl.costmodel.profile import load_profile
 
     accel, params = load_profile(profile)
@@ -319,23 +321,12 @@ def simulate_replay(exp: Experiment, policy: str, truth: CostModel, *,
     Raises:
         ConfigError: an unknown policy, or one that cannot place this experiment.
     """
-    from jigsawrl.driver.loop import Driver
-    from jigsawrl.executors.simulated import SimulatedExecutor
-    from jigsawrl.scheduler import get_policy
-    from jigsawrl.scheduler.base import params_for
-
     cfg = exp.config
-    pol = get_policy(policy, dict(params) if params is not None else (
-        params_for(cfg.scheduler.name, cfg.scheduler.params, policy)))
-    belief = CostModel(exp.accelerator,
-                       params=cpu_worker_params(cfg.cluster.accelerators_per_node))
+    pol = make_policy(cfg, policy, params)
     executor = SimulatedExecutor(exp, truth_cost=truth, seed=cfg.seed)
-    result = Driver(exp, pol, executor, belief).run()
-    info = RunInfo(name=f"{cfg.name or 'real-run'} (predicted)", policy=policy, seed=cfg.seed,
-                   num_devices=exp.num_devices, accelerator=truth.accel.name,
-                   peak_flops_per_device=truth.accel.peak_flops,
-                   price_per_device_hour_usd=exp.price_per_hour,
-                   pipelines=tuple(p.spec.name for p in exp.pipelines), executor="simulated")
+    result = drive(exp, pol, executor, real_belief(exp))
+    info = run_info(exp, policy, name=f"{cfg.name or 'real-run'} (predicted)",
+                    accelerator=truth.accel.name, peak_flops=truth.accel.peak_flops)
     return summarize(result.events, info), result.events
 
 
@@ -410,7 +401,8 @@ def calibrate(cfg: ExperimentConfig, events: Sequence[Event], policy: str, *,
 
         exp = resolve_real(cfg)
     if measured is None:
-        measured = summarize(events, _real_info(exp, policy))
+        measured = summarize(events, run_info(exp, policy, executor="ray",
+                                              name=exp.config.name or "real-run"))
     notes: list[str] = []
     replay = replay_experiment(exp, observed_requests(events, cfg, tool_tokens=tool_tokens),
                                finished_steps(events) or None, notes)
@@ -423,12 +415,3 @@ def calibrate(cfg: ExperimentConfig, events: Sequence[Event], policy: str, *,
              "n/a" if cal.max_abs_rel_error is None else f"{cal.max_abs_rel_error:.1%}",
              100 * TARGET_REL_ERROR)
     return cal
-
-
-def _real_info(exp: Experiment, policy: str) -> RunInfo:
-    cfg = exp.config
-    return RunInfo(name=cfg.name or "real-run", policy=policy, seed=cfg.seed,
-                   num_devices=exp.num_devices, accelerator=exp.accelerator.name,
-                   peak_flops_per_device=exp.accelerator.peak_flops,
-                   price_per_device_hour_usd=exp.price_per_hour,
-                   pipelines=tuple(p.spec.name for p in exp.pipelines), executor="ray")

@@ -28,15 +28,24 @@ from pathlib import Path
 from typing import Any
 
 from jigsawrl.config import ExperimentConfig, dump_config
+from jigsawrl.costmodel import CostModel
 from jigsawrl.costmodel.cpu import cpu_worker_params
 from jigsawrl.errors import ConfigError
 from jigsawrl.events import Event
+from jigsawrl.experiments.core import drive, make_policy, run_info, summarize_run
 from jigsawrl.experiments.resolve import resolve_real
-from jigsawrl.metrics.summary import RunInfo, summarize
+from jigsawrl.workload.experiment import Experiment
 
 log = logging.getLogger(__name__)
 
 RewardFn = Callable[[str, Any], float]
+
+
+def real_belief(exp: Experiment) -> CostModel:
+    """The policies' belief of a real run: the built-in ``cpu-worker`` preset's cost model (a
+    profile is the simulator's truth when it predicts the run, never the policy's belief)."""
+    return CostModel(exp.accelerator,
+                     params=cpu_worker_params(exp.config.cluster.accelerators_per_node))
 
 
 def checkpoint_offsets(cfg: ExperimentConfig, out_dir: Path | None) -> dict[str, int]:
@@ -114,11 +123,7 @@ def run_real(cfg: ExperimentConfig, *, policy: str | None = None, address: str |
         InputError: ``resume`` without a checkpoint.
         jigsawrl.driver.loop.SchedulerStalled: the policy started nothing while nothing ran.
     """
-    from jigsawrl.costmodel import CostModel
-    from jigsawrl.driver.loop import Driver
     from jigsawrl.executors.raycluster import RayExecutor
-    from jigsawrl.scheduler import get_policy
-    from jigsawrl.scheduler.base import params_for
 
     t0 = time.monotonic()
     full_cfg = cfg
@@ -130,12 +135,10 @@ def run_real(cfg: ExperimentConfig, *, policy: str | None = None, address: str |
     cfg = left
     exp = resolve_real(cfg)
     name = policy or cfg.scheduler.name
-    pol = get_policy(name, params_for(cfg.scheduler.name, cfg.scheduler.params, name))
+    pol = make_policy(cfg, name)
     if len(pol.variants()) > 1:
         raise ConfigError(f"{name!r} compares several placements, one real run each",
                           where="scheduler.name", fix="use verl-split or verl-serial")
-    belief = CostModel(exp.accelerator,
-                       params=cpu_worker_params(cfg.cluster.accelerators_per_node))
     executor = RayExecutor(exp, address=address, threads_per_device=threads_per_device,
                            cache_dir=cache_dir, reward_fns=reward_fns,
                            strict_rewards=strict_rewards,
@@ -143,16 +146,9 @@ def run_real(cfg: ExperimentConfig, *, policy: str | None = None, address: str |
                            offsets=offsets)
     if executor_hook is not None:
         executor_hook(executor)
-    result = Driver(exp, pol, executor, belief, on_progress=on_progress).run()
-    info = RunInfo(name=cfg.name or "real-run", policy=name, seed=cfg.seed,
-                   num_devices=exp.num_devices, accelerator=exp.accelerator.name,
-                   peak_flops_per_device=exp.accelerator.peak_flops,
-                   price_per_device_hour_usd=exp.price_per_hour,
-                   pipelines=tuple(p.spec.name for p in exp.pipelines), executor="ray")
-    summary = summarize(result.events, info)
-    times = sorted(result.decision_times_s)
-    summary["scheduler_decision_ms_p99"] = (
-        1000.0 * times[min(len(times) - 1, int(0.99 * len(times)))] if times else None)
+    result = drive(exp, pol, executor, real_belief(exp), progress=on_progress)
+    info = run_info(exp, name, executor="ray", name=cfg.name or "real-run")
+    summary = summarize_run(result, info)
     summary["startup_s"] = executor.startup_s
     summary["wall_s"] = time.monotonic() - t0
     summary["pipeline_metrics"] = executor.pipeline_metrics

@@ -9,21 +9,27 @@ choose between and keeps the better (DESIGN.md §6: never report a weakened base
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from jigsawrl.config import ExperimentConfig
 from jigsawrl.costmodel import CostModel, CostParams
-from jigsawrl.driver.loop import Driver, DriverResult
+from jigsawrl.driver.loop import DriverResult
 from jigsawrl.errors import ConfigError
 from jigsawrl.events import Event, StepFinished
 from jigsawrl.executors.simulated import SimulatedExecutor
+from jigsawrl.experiments.core import (
+    Progress,
+    drive,
+    make_policy,
+    run_info,
+    summarize_run,
+    throughput,
+)
 from jigsawrl.experiments.resolve import resolve
 from jigsawrl.graph.bound import makespan_lower_bound
-from jigsawrl.metrics.summary import RunInfo, summarize
-from jigsawrl.scheduler import get_policy
-from jigsawrl.scheduler.base import params_for
+from jigsawrl.metrics.summary import RunInfo
+from jigsawrl.scheduler.base import Policy
 from jigsawrl.workload.experiment import Experiment
 
 log = logging.getLogger(__name__)
@@ -31,9 +37,6 @@ log = logging.getLogger(__name__)
 # Multiplicative lognormal noise of the truth model's durations (run-to-run jitter of real
 # kernels and collectives); the belief model used by policies is noise-free.
 TRUTH_NOISE_SIGMA = 0.05
-
-Progress = Callable[[int, int], None]
-
 
 @dataclass(slots=True)
 class SimRun:
@@ -48,13 +51,12 @@ class SimRun:
     variant: str | None = None
 
 
-def run_once(exp: Experiment, policy: Any, seed: int, *,
+def run_once(exp: Experiment, policy: Policy, seed: int, *,
              progress: Progress | None = None) -> DriverResult:
     """Run ``policy`` on ``exp`` once on the simulated executor."""
     truth = make_cost(exp, noise_sigma=TRUTH_NOISE_SIGMA, seed=seed)
-    belief = make_cost(exp)
     executor = SimulatedExecutor(exp, truth_cost=truth, seed=seed)
-    return Driver(exp, policy, executor, belief, on_progress=progress).run()
+    return drive(exp, policy, executor, make_cost(exp), progress=progress)
 
 
 def make_cost(exp: Experiment, *, noise_sigma: float = 0.0, seed: int = 0) -> CostModel:
@@ -76,8 +78,7 @@ def simulate(cfg: ExperimentConfig, *, policy: str | None = None, seed: int | No
     exp = resolve(cfg)
     seed = cfg.seed if seed is None else seed
     name = policy or cfg.scheduler.name
-    params = params_for(cfg.scheduler.name, cfg.scheduler.params, name)
-    pol = get_policy(name, params)
+    pol = make_policy(cfg, name)
     variants = list(pol.variants())
     best: tuple[float, str, DriverResult] | None = None
     infeasible: list[str] = []
@@ -90,7 +91,7 @@ def simulate(cfg: ExperimentConfig, *, policy: str | None = None, seed: int | No
             log.warning("%s is infeasible here: %s", v.name, exc)
             infeasible.append(str(exc))
             continue
-        tput = _throughput(res)
+        tput = throughput(res)
         log.info("%s: %.1f tokens/s", v.name, tput)
         if best is None or tput > best[0]:
             best = (tput, v.name, res)
@@ -98,11 +99,10 @@ def simulate(cfg: ExperimentConfig, *, policy: str | None = None, seed: int | No
         raise ConfigError("no placement of this policy is feasible:\n  " + "\n  ".join(infeasible))
     _, vname, res = best
     ref = solo if isinstance(solo, dict) else (solo_latencies(cfg, seed) if solo else None)
-    info = run_info(cfg, exp, name, seed, ref, lower_bound(exp, seed))
-    summary = summarize(res.events, info)
+    info = run_info(exp, name, seed=seed, solo=ref, bound=lower_bound(exp, seed))
+    summary = summarize_run(res, info)
     if len(variants) > 1:
         summary["variant"] = vname
-    summary["scheduler_decision_ms_p99"] = _p99_ms(res.decision_times_s)
     return SimRun(name, seed, res.events, summary, info, res.decision_times_s,
                   vname if len(variants) > 1 else None)
 
@@ -114,15 +114,6 @@ def lower_bound(exp: Experiment, seed: int) -> float:
                                 exp.num_devices)
 
 
-def run_info(cfg: ExperimentConfig, exp: Experiment, policy: str, seed: int,
-             solo: dict[str, float] | None, bound: float | None = None) -> RunInfo:
-    return RunInfo(lower_bound_s=bound,
-        name=cfg.name or "run", policy=policy, seed=seed, num_devices=exp.num_devices,
-        accelerator=exp.accelerator.name, peak_flops_per_device=exp.accelerator.peak_flops,
-        price_per_device_hour_usd=exp.price_per_hour,
-        pipelines=tuple(p.spec.name for p in exp.pipelines), solo_step_latency_s=solo)
-
-
 def solo_latencies(cfg: ExperimentConfig, seed: int) -> dict[str, float]:
     """Each pipeline's mean step latency when it runs alone on the whole pool under verl."""
     out: dict[str, float] = {}
@@ -130,22 +121,7 @@ def solo_latencies(cfg: ExperimentConfig, seed: int) -> dict[str, float]:
         alone = cfg.model_copy(update={"pipelines": [p.model_copy(update={"num_devices": None,
                                                                           "start_s": 0.0})]})
         exp = resolve(alone)
-        res = run_once(exp, get_policy("verl-split"), seed)
+        res = run_once(exp, make_policy(alone, "verl-split", {}), seed)
         lat = [e.end_s - e.start_s for e in res.events if isinstance(e, StepFinished)]
         out[p.name] = sum(lat) / len(lat) if lat else float("nan")
     return out
-
-
-def _throughput(res: DriverResult) -> float:
-    from jigsawrl.events import SampleFinished
-
-    tokens = sum(e.prompt_tokens + e.response_tokens for e in res.events
-                 if isinstance(e, SampleFinished))
-    return tokens / res.makespan_s if res.makespan_s > 0 else 0.0
-
-
-def _p99_ms(times_s: list[float]) -> float | None:
-    if not times_s:
-        return None
-    s = sorted(times_s)
-    return 1000.0 * s[min(len(s) - 1, int(0.99 * len(s)))]

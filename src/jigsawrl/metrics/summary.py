@@ -81,28 +81,20 @@ from typing import Any
 import numpy as np
 
 from jigsawrl.events import (
-    DEVICE_STAGES,
-    ROLLOUT_STAGES,
     Event,
     PipelineFailed,
     SampleFinished,
     Span,
     StepFinished,
 )
+from jigsawrl.stages import DEVICE_STAGES, VERL_TIMING, Stage
 
 logger = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 
 # verl timing key -> the stages whose wall extent it measures, then fallback keys in timings_s.
-TIMING_STAGES: dict[str, tuple[str, ...]] = {
-    "gen": ROLLOUT_STAGES,
-    "reward": ("reward",),
-    "old_log_prob": ("old_logprob",),
-    "ref": ("ref_logprob",),
-    "update_actor": ("actor_update",),
-    "update_weights": ("weight_sync",),
-}
+TIMING_STAGES = VERL_TIMING
 _DEVICE_STAGE_SET = frozenset(DEVICE_STAGES)
 
 
@@ -312,7 +304,7 @@ def _pipeline_summary(name: str, ev: _Events, info: RunInfo, makespan: float) ->
     tokens = sum(s.prompt_tokens + s.response_tokens for s in samples)
     mean_lat = float(lat.mean()) if len(lat) else None
     solo = (info.solo_step_latency_s or {}).get(name)
-    actor = [s for s in spans if s.stage == "actor_update"]
+    actor = [s for s in spans if s.stage == Stage.ACTOR_UPDATE]
     actor_dev_s = sum(s.duration_s * len(s.devices) for s in actor)
     return {
         "name": name,
@@ -325,7 +317,7 @@ def _pipeline_summary(name: str, ev: _Events, info: RunInfo, makespan: float) ->
         "p90_step_latency_s": float(np.percentile(lat, 90)) if len(lat) else None,
         "latency_vs_solo": _div(mean_lat, solo) if (mean_lat is not None and solo) else None,
         **_step_timings(steps, spans_by_step),
-        "tool_wait_s": sum((s.duration_s for s in spans if s.stage == "tool_wait"), 0.0),
+        "tool_wait_s": sum((s.duration_s for s in spans if s.stage == Stage.TOOL_WAIT), 0.0),
         "device_s": sum(
             s.duration_s * len(s.devices) * s.compute_share
             for s in spans

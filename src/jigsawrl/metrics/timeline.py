@@ -34,8 +34,9 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, PathPatch
 from matplotlib.path import Path as MplPath
 
-from jigsawrl.events import ALL_STAGES, DEVICE_STAGES, Event, PipelineFailed, Span, StepFinished
+from jigsawrl.events import Event, PipelineFailed, Span, StepFinished
 from jigsawrl.metrics.summary import RunInfo
+from jigsawrl.stages import ALL_SPAN_STAGES, DEVICE_STAGES, Stage
 
 logger = logging.getLogger(__name__)
 
@@ -46,19 +47,19 @@ MIN_DRAW_SHARE = 0.04  # a span with a tiny share still gets a visible sliver
 
 # stage -> (shade: <0 darker, >0 lighter, hatch or None)
 STAGE_STYLE: dict[str, tuple[float, str | None]] = {
-    "prefill": (-0.35, None),
-    "decode_large": (0.0, None),
-    "decode_medium": (0.3, None),
-    "decode_small": (0.55, None),
-    "tool_wait": (0.6, "////"),
-    "reward": (0.2, ".."),
-    "old_logprob": (0.1, "\\\\"),
-    "ref_logprob": (0.35, "\\\\"),
-    "actor_update": (-0.25, "xx"),
-    "weight_sync": (0.25, "--"),
-    "offload": (0.5, "++"),
-    "onload": (0.5, "++"),
-    "migrate": (0.4, "oo"),
+    Stage.PREFILL: (-0.35, None),
+    Stage.DECODE_LARGE: (0.0, None),
+    Stage.DECODE_MEDIUM: (0.3, None),
+    Stage.DECODE_SMALL: (0.55, None),
+    Stage.TOOL_WAIT: (0.6, "////"),
+    Stage.REWARD: (0.2, ".."),
+    Stage.OLD_LOGPROB: (0.1, "\\\\"),
+    Stage.REF_LOGPROB: (0.35, "\\\\"),
+    Stage.ACTOR_UPDATE: (-0.25, "xx"),
+    Stage.WEIGHT_SYNC: (0.25, "--"),
+    Stage.OFFLOAD: (0.5, "++"),
+    Stage.ONLOAD: (0.5, "++"),
+    Stage.MIGRATE: (0.4, "oo"),
 }
 _UNKNOWN_STYLE = (0.45, "**")
 _DEVICE_STAGE_SET = frozenset(DEVICE_STAGES)
@@ -90,7 +91,7 @@ class _Rects:
     y0: np.ndarray
     height: np.ndarray
     pipe: np.ndarray  # pipeline index
-    stage: np.ndarray  # index into ALL_STAGES (+ unknown stages after it)
+    stage: np.ndarray  # index into ALL_SPAN_STAGES (+ unknown stages after it)
 
 
 def _stack(starts: list[float], ends: list[float], heights: list[float]) -> list[float]:
@@ -242,7 +243,7 @@ def plot_timeline(
             names.append(ev.pipeline)
     colours = pipeline_colours(names)
     spans, dropped = _limit([e for e in evs if isinstance(e, Span)], max_spans)
-    stage_idx = {s: i for i, s in enumerate(ALL_STAGES)}
+    stage_idx = {s: i for i, s in enumerate(ALL_SPAN_STAGES)}
     rects = _rects(spans, {n: i for i, n in enumerate(names)}, stage_idx)
     stages = list(stage_idx)
     n_dev = max(info.num_devices, 1 + max((d for s in spans for d in s.devices), default=0))

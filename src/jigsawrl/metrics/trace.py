@@ -27,8 +27,6 @@ from pathlib import Path
 from typing import Any
 
 from jigsawrl.events import (
-    ROLLOUT_STAGES,
-    TRAIN_STAGES,
     Event,
     PipelineFailed,
     SampleFinished,
@@ -36,6 +34,7 @@ from jigsawrl.events import (
     StepFinished,
 )
 from jigsawrl.metrics.summary import RunInfo
+from jigsawrl.stages import POST_ROLLOUT, ROLLOUT_BANDS, Stage
 
 logger = logging.getLogger(__name__)
 
@@ -44,9 +43,11 @@ _LANE_TID_STRIDE = 1000  # tid = pipeline_index * stride + lane + 1 (stable acro
 
 
 def _category(stage: str) -> str:
-    if stage in ROLLOUT_STAGES:
-        return "rollout"
-    return "train" if stage in TRAIN_STAGES else "memory"
+    """The trace category of a span: its rollout, the train side (reward to weight sync), or a
+    memory move."""
+    if stage in ROLLOUT_BANDS:
+        return Stage.ROLLOUT
+    return "train" if stage in POST_ROLLOUT else "memory"
 
 
 def _pipeline_order(events: list[Event], info: RunInfo) -> dict[str, int]:
