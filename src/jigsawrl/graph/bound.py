@@ -19,11 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from jigsawrl.costmodel.protocol import CostModelProtocol
 from jigsawrl.workload.models import ModelSpec
 from jigsawrl.workload.requests import RequestTruth
 
 
-def request_floor_s(cost, model: ModelSpec, tp: int, req: RequestTruth) -> float:  # noqa: ANN001
+def request_floor_s(cost: CostModelProtocol, model: ModelSpec, tp: int,
+                    req: RequestTruth) -> float:
     """The fastest one request can complete: alone, whole devices, no contention."""
     t = cost.prefill_time_s(model, tp, req.prompt_tokens, 0, 1.0)
     ctx = req.prompt_tokens
@@ -37,7 +39,7 @@ def request_floor_s(cost, model: ModelSpec, tp: int, req: RequestTruth) -> float
     return t
 
 
-def _train_chain_s(cost, model: ModelSpec, n: int, tokens: int, samples: int,  # noqa: ANN001
+def _train_chain_s(cost: CostModelProtocol, model: ModelSpec, n: int, tokens: int, samples: int,
                    use_ref: bool, epochs: int, tp: int) -> float:
     """Post-rollout stages, each on its fastest device count in 1..n (communication makes
     more devices not always faster, so the minimum over counts is what bounds every policy)."""
@@ -54,7 +56,7 @@ def _train_chain_s(cost, model: ModelSpec, n: int, tokens: int, samples: int,  #
 
 
 def makespan_lower_bound(pipes: Sequence, steps_requests: Callable[[object, int], list],  # noqa: ANN001
-                         cost, num_devices: int) -> float:  # noqa: ANN001
+                         cost: CostModelProtocol, num_devices: int) -> float:
     """max(dependency bound over pipelines, work bound over the pool); see the module doc.
 
     Args:

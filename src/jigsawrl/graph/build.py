@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
+from jigsawrl.costmodel.protocol import CostModelProtocol
 from jigsawrl.graph.substage import SubStageGraph, SubStageNode
 from jigsawrl.sim.rollout import ReqRun, RolloutInstance
 from jigsawrl.workload.models import ModelSpec
@@ -73,7 +74,8 @@ def rank_segments(inst: RolloutInstance) -> list[tuple[str, float, float, int]]:
     return out
 
 
-def build_step_graph(shape: StepShape, requests: list[RequestTruth], cost) -> SubStageGraph:  # noqa: ANN001
+def build_step_graph(shape: StepShape, requests: list[RequestTruth],
+                     cost: CostModelProtocol) -> SubStageGraph:
     """The Sub-Stage Graph of one step (see the module docstring)."""
     g = SubStageGraph()
     p, s = shape.pipeline, shape.step
@@ -114,7 +116,8 @@ def _merge(segs: list[tuple[str, float, float, int]]) -> list[tuple[str, float, 
     return out
 
 
-def post_rollout_stages(cost, model: ModelSpec, n: int, tokens: int, samples: int, *,  # noqa: ANN001
+def post_rollout_stages(cost: CostModelProtocol, model: ModelSpec, n: int, tokens: int,
+                        samples: int, *,
                         use_ref: bool = True, ppo_epochs: int = 1,
                         rollout_tp: int = 1) -> dict[str, float]:
     """Full-share durations of a step's post-rollout stages on ``n`` training devices, in
@@ -129,7 +132,7 @@ def post_rollout_stages(cost, model: ModelSpec, n: int, tokens: int, samples: in
 
 
 def _train_stages(shape: StepShape, tokens: int, samples: int,
-                  cost) -> list[tuple[str, float]]:  # noqa: ANN001
+                  cost: CostModelProtocol) -> list[tuple[str, float]]:
     return list(post_rollout_stages(cost, shape.model, shape.train_devices, tokens, samples,
                                     use_ref=shape.use_ref, ppo_epochs=shape.ppo_epochs,
                                     rollout_tp=shape.rollout_tp).items())

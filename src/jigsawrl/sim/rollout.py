@@ -33,6 +33,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from jigsawrl.costmodel.protocol import CostModelProtocol
 from jigsawrl.workload.models import ModelSpec
 from jigsawrl.workload.requests import RequestTruth
 
@@ -97,7 +98,7 @@ class SegmentResult:
 class RolloutInstance:
     """Continuous batching on one engine instance; see the module docstring for the model."""
 
-    def __init__(self, key: str, model: ModelSpec, tp: int, cost: object, *,
+    def __init__(self, key: str, model: ModelSpec, tp: int, cost: CostModelProtocol, *,
                  kv_budget_tokens: int, max_num_seqs: int = 256,
                  max_prefill_tokens: int = 16384) -> None:
         if kv_budget_tokens < 1:
