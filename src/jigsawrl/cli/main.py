@@ -15,59 +15,28 @@ Examples::
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import logging
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from jigsawrl.errors import JigsawError
+from jigsawrl.cli.common import SetOpt, err, fail, out, progress_bar, user_errors
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Multiplex LLM RL post-training pipelines on one accelerator pool.")
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks that print measured ratios.")
 app.add_typer(bench_app, name="bench")
 
-out = Console()
-err = Console(stderr=True)
-F = TypeVar("F", bound=Callable[..., Any])
-
-SetOpt = Annotated[list[str] | None, typer.Option("--set", help="override: key.path=value")]
-
-
-def user_errors(fn: F) -> F:
-    """Turn user-facing errors into one message and exit code 2."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except JigsawError as exc:
-            err.print(f"[bold red]error:[/] {exc}", highlight=False)
-            raise typer.Exit(2) from None
-
-    return wrapper  # type: ignore[return-value]
-
-
 @app.callback()
 def _main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="debug logs")] = False
           ) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-
-
-def _progress() -> Progress:
-    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), console=err, transient=True,
-                    disable=not err.is_terminal)
 
 
 # ---------------------------------------------------------------------------- simulate
@@ -94,7 +63,7 @@ def simulate(
     if cfg.name is None:
         cfg = cfg.model_copy(update={"name": name})
     total = sum(p.steps for p in cfg.pipelines)
-    with _progress() as prog:
+    with progress_bar() as prog:
         task = prog.add_task(f"simulating {name}", total=total)
         t0 = time.perf_counter()
         run = run_sim(cfg, policy=policy, seed=seed, solo=solo,
@@ -133,7 +102,7 @@ def compare(
 
     cfg = load_config(config, set_)
     names = [p.strip() for p in policies.split(",") if p.strip()]
-    with _progress() as prog:
+    with progress_bar() as prog:
         task = prog.add_task("comparing", total=len(names) * seeds)
         result = compare_policies(cfg, names, seeds=seeds, on_run=lambda: prog.advance(task),
                                   baseline=baseline, keep_events=out_dir is not None)
@@ -280,9 +249,8 @@ def profile(
         from jigsawrl.costmodel.fit import ProfileSettings, parse_threads, write_profile
         from jigsawrl.experiments.profiling import run_profile
     except ImportError as exc:
-        err.print(f"[bold red]error:[/] profiling needs the engine extra ({exc}); "
-                  "install it with: pip install -e '.[engine]'")
-        raise typer.Exit(2) from None
+        raise fail(f"profiling needs the engine extra ({exc}); "
+                   "install it with: pip install -e '.[engine]'") from None
     counts = parse_threads(threads)
     settings = (ProfileSettings.quick(model, counts) if quick
                 else ProfileSettings(model=model, threads=counts))
@@ -315,9 +283,8 @@ def _register_engine() -> None:
         @app.command()
         def run(config: Path) -> None:  # noqa: ARG001
             """Run real pipelines on this CPU (needs the engine extra)."""
-            err.print(f"[bold red]error:[/] the real engine needs torch ({missing}); "
-                      "install it with: pip install -e '.[engine]'")
-            raise typer.Exit(2)
+            raise fail(f"the real engine needs torch ({missing}); "
+                       "install it with: pip install -e '.[engine]'")
 
         return
     register(app, bench_app)

@@ -29,16 +29,11 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from jigsawrl.cli.common import err, user_errors
 from jigsawrl.errors import JigsawError
 
-_err = Console(stderr=True)
 
-
-def _fail(exc: JigsawError) -> typer.Exit:
-    _err.print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
-    return typer.Exit(code=2)
-
-
+@user_errors
 def ray_run_command(config: Path, overrides: list[str], out: Path | None,
                     address: str | None, resume: bool = False,
                     profile: Path | None = None) -> None:
@@ -47,39 +42,24 @@ def ray_run_command(config: Path, overrides: list[str], out: Path | None,
     from jigsawrl.config import load_config
 
     console = Console()
-    try:
-        cfg = load_config(config, overrides)
-        if profile is not None:
-            from jigsawrl.costmodel.profile import load_profile
+    cfg = load_config(config, overrides)
+    if profile is not None:
+        from jigsawrl.costmodel.profile import load_profile
 
-            load_profile(profile)  # a bad profile fails now, not after the run
-        from jigsawrl.experiments.real import run_real
+        load_profile(profile)  # a bad profile fails now, not after the run
+    from jigsawrl.experiments.real import run_real
 
-        total = sum(p.steps for p in cfg.pipelines)
-        with Progress(TextColumn("{task.description}"), BarColumn(),
-                      TextColumn("{task.completed}/{task.total} steps"), TimeElapsedColumn(),
-                      console=console) as progress:
-            bar = progress.add_task(f"{len(cfg.pipelines)} pipelines on Ray under "
-                                    f"{cfg.scheduler.name} (start-up, then steps)", total=total)
-            kwargs = _optional_kwargs(run_real, on_progress=lambda done, n: progress.update(
-                bar, completed=done, total=n), resume=resume)
-            summary, events = run_real(cfg, address=address, out_dir=out, **kwargs)
-        cal = _predict(cfg, events, summary, profile, out)
-    except JigsawError as exc:
-        raise _fail(exc) from None
+    total = sum(p.steps for p in cfg.pipelines)
+    with Progress(TextColumn("{task.description}"), BarColumn(),
+                  TextColumn("{task.completed}/{task.total} steps"), TimeElapsedColumn(),
+                  console=console) as progress:
+        bar = progress.add_task(f"{len(cfg.pipelines)} pipelines on Ray under "
+                                f"{cfg.scheduler.name} (start-up, then steps)", total=total)
+        summary, events = run_real(
+            cfg, address=address, out_dir=out, resume=resume,
+            on_progress=lambda done, n: progress.update(bar, completed=done, total=n))
+    cal = _predict(cfg, events, summary, profile, out)
     _print_ray_result(console, summary, cal, out)
-
-
-def _optional_kwargs(fn: Any, **kwargs: Any) -> dict[str, Any]:
-    """The keyword arguments ``fn`` accepts (``run_real`` gains ``on_progress`` / ``resume``);
-    a requested but unsupported ``resume`` is an error, not silently dropped."""
-    import inspect
-
-    params = inspect.signature(fn).parameters
-    if kwargs.get("resume") and "resume" not in params:
-        raise JigsawError("--resume with --ray is not supported by this version of run_real",
-                          where="--resume", fix="run without --resume")
-    return {k: v for k, v in kwargs.items() if k in params}
 
 
 def _predict(cfg: Any, events: list[Any], summary: dict[str, Any], profile: Path | None,
@@ -124,33 +104,31 @@ def _print_ray_result(console: Console, summary: dict[str, Any], cal: Any,
                   f"{', calibration.json' if cal is not None else ''})")
 
 
+@user_errors
 def run_command(config: Path, overrides: list[str], out: Path | None, resume: bool) -> None:
     """Load the config, run it with a progress bar, print the result table."""
     from jigsawrl.config import load_config
 
-    try:
-        cfg = load_config(config, overrides)
-        from jigsawrl.experiments.sequential import run_experiment
+    cfg = load_config(config, overrides)
+    from jigsawrl.experiments.sequential import run_experiment
 
-        console = Console()
-        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
-                      TimeElapsedColumn(), console=console) as progress:
-            bars = {p.name: progress.add_task(p.name, total=p.steps, info="")
-                    for p in cfg.pipelines}
+    console = Console()
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
+                  TimeElapsedColumn(), console=console) as progress:
+        bars = {p.name: progress.add_task(p.name, total=p.steps, info="")
+                for p in cfg.pipelines}
 
-            def on_step(ev: dict[str, Any]) -> None:
-                bar = bars[ev["pipeline"]]
-                if ev["event"] == "phase":
-                    progress.update(bar, info=ev["phase"])
-                    return
-                m = ev["metrics"]
-                progress.update(bar, completed=ev["step"],
-                                info=f"reward {m['critic/score/mean']:.3f}  "
-                                     f"{m['timing_s/step']:.2f} s/step")
+        def on_step(ev: dict[str, Any]) -> None:
+            bar = bars[ev["pipeline"]]
+            if ev["event"] == "phase":
+                progress.update(bar, info=ev["phase"])
+                return
+            m = ev["metrics"]
+            progress.update(bar, completed=ev["step"],
+                            info=f"reward {m['critic/score/mean']:.3f}  "
+                                 f"{m['timing_s/step']:.2f} s/step")
 
-            summary = run_experiment(cfg, out, resume=resume, on_step=on_step)
-    except JigsawError as exc:
-        raise _fail(exc) from None
+        summary = run_experiment(cfg, out, resume=resume, on_step=on_step)
     console.print(_summary_table(summary))
     if out is not None:
         console.print(f"wrote {out / 'summary.json'}, {out / 'reward_curve.png'}, {out / 'tb'}")
@@ -173,6 +151,7 @@ def _summary_table(summary: dict[str, Any]) -> Table:
     return table
 
 
+@user_errors
 def bench_trl_command(spec_kwargs: dict[str, Any], out: Path | None) -> None:
     """Run both sides and print them side by side."""
     from jigsawrl.bench.trl import BenchTrlSpec, run_bench_trl, trl_available
@@ -180,13 +159,10 @@ def bench_trl_command(spec_kwargs: dict[str, Any], out: Path | None) -> None:
     ok, why = trl_available()
     console = Console()
     if not ok:
-        _err.print(f"[yellow]TRL side skipped:[/yellow] {why}", markup=True, highlight=False)
+        err.print(f"[yellow]TRL side skipped:[/yellow] {why}", markup=True, highlight=False)
     spec = BenchTrlSpec(**spec_kwargs)
-    try:
-        with console.status("running jigsawrl, then TRL ..."):
-            result = run_bench_trl(spec)
-    except JigsawError as exc:
-        raise _fail(exc) from None
+    with console.status("running jigsawrl, then TRL ..."):
+        result = run_bench_trl(spec)
     table = Table(title=f"GRPO {spec.model} on {spec.task}: {spec.batch_size} prompts × "
                         f"{spec.group_size}, {spec.steps} steps, {result['torch_threads']} thread(s)")
     for col in ("system", "samples/s (steps)", "samples/s (wall)", "reward step 1",
@@ -210,6 +186,7 @@ def bench_trl_command(spec_kwargs: dict[str, Any], out: Path | None) -> None:
         console.print(f"wrote {out / 'bench_trl.json'}")
 
 
+@user_errors
 def bench_real_command(spec_kwargs: dict[str, Any]) -> None:
     """``jigsawrl bench real``: one real run per policy, printed with the predictions."""
     from jigsawrl.bench.real import BenchRealSpec, run_bench_real
@@ -229,10 +206,7 @@ def bench_real_command(spec_kwargs: dict[str, Any]) -> None:
                               f"{summary.get('startup_s') or 0:.0f} s)", highlight=False)
             status.update(f"bench real: {policy} done ...")
 
-        try:
-            result = run_bench_real(spec, on_run=on_run)
-        except JigsawError as exc:
-            raise _fail(exc) from None
+        result = run_bench_real(spec, on_run=on_run)
     console.print(bench_table(result))
     console.print(bench_pipeline_table(result))
     for line in bench_notes(result):
