@@ -14,7 +14,7 @@ from jigsawrl.experiments.simulated import make_cost, run_once
 from jigsawrl.scheduler import Decision, Migrate, SetResident, StartRollout, StartStage, get_policy
 from jigsawrl.scheduler.base import PolicyBase, RunningTask
 from jigsawrl.scheduler.jigsaw import JigsawPolicy
-from jigsawrl.scheduler.jigsaw_parts import _pack
+from jigsawrl.scheduler.jigsaw_parts import pack
 
 
 def cfg(n: int = 2, devices: int = 4, steps: int = 2, batch: int = 16, task: str = "gsm8k",
@@ -82,7 +82,7 @@ def test_tail_is_packed_and_compute_waits_for_onload() -> None:
 
 
 def test_pack_respects_capacity() -> None:
-    moves = _pack([3, 1, 2], {0: 0, 1: 5, 2: 4, 3: 6}, 2, 8, "t", [0, 1, 2, 3])
+    moves = pack([3, 1, 2], {0: 0, 1: 5, 2: 4, 3: 6}, 2, 8, "t", [0, 1, 2, 3])
     dst = {m.dst_rank: m.src_ranks for m in moves}
     assert set(dst) <= {3, 1} and sorted(r for s in dst.values() for r in s) == [0, 2]
 

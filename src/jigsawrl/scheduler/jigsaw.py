@@ -66,11 +66,11 @@ from jigsawrl.scheduler.jigsaw_parts import (
     MEM_HEADROOM,
     Board,
     Prediction,
-    _level_floor,
-    _rollout_rate,
-    _slow_fn,
-    _split,
-    _with_share,
+    compute_split,
+    level_floor,
+    rollout_rate,
+    slow_fn,
+    with_share,
 )
 from jigsawrl.scheduler.jigsaw_tail import TailMigration
 from jigsawrl.scheduler.verl import MICRO_BATCH_TOKENS, pipeline_resident_bytes
@@ -345,7 +345,7 @@ class JigsawPolicy(TailMigration, PolicyBase):
                    default=0)
         if mems == 0:
             return 1.0
-        return _split(view, pv, mems, self.dynamic_shares)[0]
+        return compute_split(view, pv, mems, self.dynamic_shares)[0]
 
     # ------------------------------------------------------------------ look-ahead
     def _score(self, view: View, b: Board, opt, names: list[str]) -> float:  # noqa: ANN001
@@ -354,7 +354,7 @@ class JigsawPolicy(TailMigration, PolicyBase):
             st.deferred = set(names)
         else:
             st.deferred = {n for n in names if n != opt[0].name}
-        slow = _slow_fn(view)
+        slow = slow_fn(view)
         return forecast(st, self.depth, slow)
 
     def _forecast_state(self, view: View, b: Board) -> FState:
@@ -462,7 +462,7 @@ class JigsawPolicy(TailMigration, PolicyBase):
         running = {t.task_id: t for pv in view.pipelines for t in pv.running}
         down: list[Action] = []
         up: list[Action] = []
-        starts = [_with_share(a, want) for a in starts]
+        starts = [with_share(a, want) for a in starts]
         started = {task_id(a.pipeline, a.step, ROLLOUT if isinstance(a, StartRollout)
                            else a.stage) for a in starts}
         for tid, shares in want.items():
@@ -491,7 +491,7 @@ class JigsawPolicy(TailMigration, PolicyBase):
             comps = [t for t in tasks if b.kind[t] == "compute"]
             if comps and mems:
                 pv = next(p for p in view.pipelines if p.name == b.pipe[comps[0]])
-                c_share = _split(view, pv, len(mems), self.dynamic_shares)[0]
+                c_share = compute_split(view, pv, len(mems), self.dynamic_shares)[0]
             elif comps:
                 c_share = 1.0
             else:
@@ -517,15 +517,15 @@ class JigsawPolicy(TailMigration, PolicyBase):
         """Shares of co-located rollouts: equal, or (dynamic, two of them) the levels maximising
         the urgency-weighted rate, where a rollout's rate blends decode (memory-bound) with
         prefill (compute-bound; a larger part for multi-turn tasks, which re-prefill each turn)."""
-        even = _level_floor(room / len(pvs)) if pvs else 0.0
+        even = level_floor(room / len(pvs)) if pvs else 0.0
         if not self.dynamic_shares or len(pvs) != 2:
             return [even] * len(pvs)
         best, arg = -1.0, [even, even]
         for s1 in SHARE_LEVELS:
-            s2 = _level_floor(room - s1)
+            s2 = level_floor(room - s1)
             if s1 > room + 1e-9 or s2 < 0.2 - 1e-9:
                 continue
-            rate = sum(w * _rollout_rate(view, pv, sh)
+            rate = sum(w * rollout_rate(view, pv, sh)
                        for pv, w, sh in zip(pvs, weights, (s1, s2), strict=True))
             if rate > best + 1e-12:
                 best, arg = rate, [s1, s2]

@@ -56,7 +56,7 @@ class Board:
         return any(self.kind[t] == "compute" for t in self.dev[d])
 
 
-def _pack(busy: list[int], left: dict[int, int], keep: int, cap: int, tid: str,
+def pack(busy: list[int], left: dict[int, int], keep: int, cap: int, tid: str,
           live: list[int]) -> list[Migrate]:
     """Move the tail onto the ``keep`` fullest ranks (they keep their KV), filling each up to
     ``cap`` requests, largest sources first; drained ranks are released onto the first."""
@@ -71,7 +71,7 @@ def _pack(busy: list[int], left: dict[int, int], keep: int, cap: int, tid: str,
     return [Migrate(tid, tuple(srcs), d) for d, srcs in moves.items() if srcs]
 
 
-def _with_share(a: Action, want: dict[str, dict[int, float]]) -> Action:
+def with_share(a: Action, want: dict[str, dict[int, float]]) -> Action:
     if isinstance(a, StartRollout):
         shares = want.get(task_id(a.pipeline, a.step, ROLLOUT), {})
         s = min((shares[d] for d in a.devices if d in shares), default=1.0)
@@ -83,7 +83,7 @@ def _with_share(a: Action, want: dict[str, dict[int, float]]) -> Action:
     return a
 
 
-def _rollout_rate(view: View, pv: PipelineView, share: float) -> float:
+def rollout_rate(view: View, pv: PipelineView, share: float) -> float:
     task = TASKS.get(pv.spec.task)
     prefill = 0.25 if task is not None and task.multi_turn else 0.05  # share of rollout time
     cost = view.cost
@@ -91,12 +91,12 @@ def _rollout_rate(view: View, pv: PipelineView, share: float) -> float:
         "prefill", share)
 
 
-def _level_floor(x: float) -> float:
+def level_floor(x: float) -> float:
     fit = [s for s in SHARE_LEVELS if s <= x + 1e-9]
     return fit[-1] if fit else max(x, 0.05)
 
 
-def _slow_fn(view: View):  # noqa: ANN202
+def slow_fn(view: View):  # noqa: ANN202
     cost = view.cost
 
     def slow(stage: str, share: float) -> float:
@@ -107,11 +107,12 @@ def _slow_fn(view: View):  # noqa: ANN202
     return slow
 
 
-def _split(view: View, pv: PipelineView, n_mem: int, dynamic: bool) -> tuple[float, float]:
+def compute_split(view: View, pv: PipelineView, n_mem: int,
+                  dynamic: bool) -> tuple[float, float]:
     """(compute share, share of each of ``n_mem`` co-located decodes) for a device pairing a
     compute-bound stage with decodes: the level maximising the summed progress rate."""
     if not dynamic:
-        even = _level_floor(1.0 / (n_mem + 1))
+        even = level_floor(1.0 / (n_mem + 1))
         return 1.0 - even * n_mem, even
     return _best_split(id(view.cost), view.cost, pv.model.name, n_mem)
 

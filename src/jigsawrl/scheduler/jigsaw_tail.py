@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from jigsawrl.scheduler.base import ROLLOUT, Action, Migrate, PipelineView, RunningTask, View
-from jigsawrl.scheduler.jigsaw_parts import COMPUTE, Board, _pack, _split
+from jigsawrl.scheduler.jigsaw_parts import COMPUTE, Board, compute_split, pack
 
 
 class TailMigration:
@@ -67,7 +67,7 @@ class TailMigration:
         keep = max(1, math.ceil(total / per_rank))
         if waiting and total <= self.tail_requests and keep < len(busy) and \
                 self._worth_moving(view, pv, t, busy, keep):
-            return _pack(busy, left, keep, per_rank, t.task_id, live)
+            return pack(busy, left, keep, per_rank, t.task_id, live)
         drained = tuple(r for r in live if left[r] == 0)
         if drained:  # release idle ranks (no cost: nothing moves)
             return [Migrate(t.task_id, drained, busy[0])]
@@ -82,7 +82,7 @@ class TailMigration:
         cost, m, tp = view.cost, pv.model, pv.spec.rollout_tp
         n = len(view.devices)
         freed = n - keep * tp
-        beside = _split(view, pv, 1, self.dynamic_shares)[0]
+        beside = compute_split(view, pv, 1, self.dynamic_shares)[0]
         shared = 1.0 / cost.slowdown("actor_update", beside, model=m)
         if freed / n <= shared:
             return False
