@@ -434,3 +434,15 @@ def test_prefill_groups_bound_the_padding() -> None:
         real = sum(lengths[i] for i in g)
         assert max(lengths[i] for i in g) * len(g) <= 2 * real + 64
     assert group_by_length([3, 3, 3]) == [[0, 1, 2]]
+
+
+def test_context_tokens_counts_the_queued_requests_asked_for(mt) -> None:
+    model, tok = mt
+    eng = RolloutEngine(model, tok, eos_token_id=-1)
+    eng.add_request(req(tok, "a", "hello", 8))
+    eng.add_request(req(tok, "b", "x", 8))
+    n_a, n_b = len(tok.encode("hello")), len(tok.encode("x"))
+    assert eng.context_tokens({"a", "b"}) == n_a + n_b  # waiting
+    eng.step()
+    assert eng.context_tokens({"a"}) == n_a + 1  # running, one token sampled
+    assert eng.context_tokens({"nobody"}) == 0

@@ -10,7 +10,8 @@ deep inside transformers.
 
 `kv_call` is the one place that knows how the installed transformers names the KV-cache argument
 of ``forward`` (5.24 renamed ``past_key_values=`` to ``cache=``; the old name is deprecated and
-announced for removal in 5.40).
+announced for removal in 5.40). `load_weights_checked` copies a trainer's state dict into a model
+after checking that it fits (what the rollout engine's weight sync calls).
 """
 
 from __future__ import annotations
@@ -190,6 +191,36 @@ def check_tokenizer_matches(model: PreTrainedModel, tokenizer: PreTrainedTokeniz
             where="tokenizer",
             fix="load the tokenizer saved with this model, or build the model with a larger vocab",
         )
+
+
+def load_weights_checked(model: PreTrainedModel, state_dict: dict[str, torch.Tensor]) -> None:
+    """Copy ``state_dict`` into ``model`` after checking that it fits (a tied output embedding
+    may be left out: it is the input embedding).
+
+    Raises:
+        InputError: missing or unexpected keys, or tensors of the wrong shape.
+    """
+    own = model.state_dict()
+    tied_out = tied_output_key(model)
+    missing = set(own) - set(state_dict) - ({tied_out} if tied_out else set())
+    unexpected = set(state_dict) - set(own)
+    wrong = [k for k, v in state_dict.items()
+             if k in own and tuple(v.shape) != tuple(own[k].shape)]
+    if missing or unexpected or wrong:
+        raise InputError(
+            f"state dict does not fit the model: missing {sorted(missing)[:3]}, "
+            f"unexpected {sorted(unexpected)[:3]}, wrong shape {wrong[:3]}",
+            where="load_weights", fix="send the state dict of the same architecture")
+    with torch.no_grad():
+        model.load_state_dict(state_dict, strict=False)
+
+
+def tied_output_key(model: PreTrainedModel) -> str | None:
+    """The state-dict key of the output embedding when it is tied to the input one, else None."""
+    out, inp = model.get_output_embeddings(), model.get_input_embeddings()
+    if out is None or out.weight is not inp.weight:
+        return None
+    return next((k for k, m in model.named_modules() if m is out), "lm_head") + ".weight"
 
 
 @functools.cache

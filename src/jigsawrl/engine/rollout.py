@@ -25,6 +25,12 @@ positions), so that one long request never deadlocks the engine.
   values, unknown request) raise `InputError`; a request reaching the model's maximum positions
   finishes with ``"length"``.
 
+Where the parts live: this module holds the public API (`RolloutEngine`, and re-exports of the
+request values of `jigsawrl.engine.requests`); `jigsawrl.engine.admission` the request queues,
+cache slots and the budget rules (admission, preemption, eviction); `jigsawrl.engine.batch` the
+forward passes and sampling of one iteration; `jigsawrl.engine.models.load_weights_checked` the
+weight copy.
+
 Speed: ``HF_HUB_OFFLINE=1 python -m jigsawrl.bench.rollout qwen2-1m qwen2-10m`` (random-init
 fp32, 1 thread, 16 requests x 64 new tokens, greedy) measured on 2026-11-30 on the project's 2-core
 CPU machine while four other jobs shared it (load average ~3): qwen2-1m 1,830 tok/s (a plain
@@ -36,16 +42,16 @@ for a plain loop on an idle machine).
 
 from __future__ import annotations
 
-import functools
-import heapq
 import logging
-from collections import deque
-from dataclasses import dataclass, replace
+from collections.abc import Collection
+from dataclasses import replace
 
 import torch
 
-from jigsawrl.engine.kvcache import SlotKVCache, build_layout, group_by_length
-from jigsawrl.engine.models import check_tokenizer_matches, kv_call
+from jigsawrl.engine.admission import RequestQueues, Seq
+from jigsawrl.engine.batch import BatchRunner, plan_iteration
+from jigsawrl.engine.kvcache import SlotKVCache
+from jigsawrl.engine.models import check_tokenizer_matches, load_weights_checked
 from jigsawrl.engine.requests import (
     EngineStats,
     GenerationRequest,
@@ -53,12 +59,7 @@ from jigsawrl.engine.requests import (
     RequestState,
     SamplingParams,
 )
-from jigsawrl.engine.sampling import (
-    generator_from_state,
-    generator_state,
-    new_generator,
-    sample_tokens,
-)
+from jigsawrl.engine.sampling import generator_from_state, new_generator
 from jigsawrl.errors import InputError
 
 __all__ = [
@@ -73,25 +74,12 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class _Seq:
-    """Engine-private bookkeeping of one request."""
-
-    state: RequestState
-    gen: torch.Generator | None
-    slot: int | None = None
-    cached_len: int = 0  # tokens of prompt + output whose K/V are in the cache
-
-    def pending(self) -> list[int]:
-        """Tokens to feed next: context[cached_len:] (one token while decoding)."""
-        st, n_prompt = self.state, len(self.state.prompt_ids)
-        if self.cached_len >= n_prompt:
-            return st.output_ids[self.cached_len - n_prompt:]
-        return st.prompt_ids[self.cached_len:] + st.output_ids
-
-
 class RolloutEngine:
     """Continuous-batching generation over one causal LM (see the module docstring).
+
+    The request queues and KV budget live in `jigsawrl.engine.admission.RequestQueues`, the
+    forward passes and sampling in `jigsawrl.engine.batch.BatchRunner`; this class checks what
+    callers pass and drives an iteration.
 
     Args:
         model: a transformers causal LM (Qwen2 / Qwen3 / Llama family), used in eval mode.
@@ -112,27 +100,17 @@ class RolloutEngine:
         self.max_batch_tokens = max_batch_tokens
         self.max_num_seqs = max_num_seqs
         self.eos_token_id = tokenizer.eos_token_id if eos_token_id is None else eos_token_id
-        # The Rust tokenizer decodes ~4x faster than the transformers wrapper (stop checks run
-        # every step for every request that has stop strings).
-        backend = getattr(tokenizer, "backend_tokenizer", None)
-        self._decode = (functools.partial(backend.decode, skip_special_tokens=False)
-                        if backend is not None else tokenizer.decode)
         self.vocab_rows = model.get_input_embeddings().weight.shape[0]
         self.max_positions = int(getattr(model.config, "max_position_embeddings", 0) or 2048)
         param = next(model.parameters())
-        sdpa = getattr(model.config, "_attn_implementation", "sdpa") == "sdpa"
-        self._mask_dtype = None if sdpa else param.dtype
         self._cache = SlotKVCache(param.device, param.dtype, self.max_positions)
-        self._waiting: deque[_Seq] = deque()
-        self._running: list[_Seq] = []
-        self._paused: dict[str, _Seq] = {}
-        self._ready: list[RequestOutput] = []
-        self._free_slots: list[int] = []
-        self._next_slot = 0
-        self._ids: set[str] = set()
+        self._queues = RequestQueues(self._cache, max_batch_tokens=max_batch_tokens,
+                                     max_num_seqs=max_num_seqs, max_positions=self.max_positions)
+        self._batch = BatchRunner(self.model, tokenizer, self._cache,
+                                  eos_token_id=self.eos_token_id, max_positions=self.max_positions)
         self._stats = EngineStats()
 
-    # ----------------------------------------------------------------- public API
+    # ----------------------------------------------------------------- generating
 
     def add_request(self, req: GenerationRequest) -> None:
         """Queue a new request.
@@ -156,34 +134,27 @@ class RolloutEngine:
         self._check_ids(req.prompt_ids, where)
         state = RequestState(req.request_id, [int(t) for t in req.prompt_ids], [], [], [],
                              req.params, 0, None, None, req.user_data)
-        self._ids.add(req.request_id)
-        self._waiting.append(_Seq(state, self._generator(req.params, None)))
+        self._queues.add(Seq(state, self._generator(req.params, None)))
 
     def has_unfinished(self) -> bool:
         """True while a request is running or waiting (paused requests wait for the caller)."""
-        return bool(self._running or self._waiting or self._ready)
+        return self._queues.has_unfinished()
 
     def step(self) -> list[RequestOutput]:
         """One iteration: admit, prefill/decode one token per running request; return finishes."""
-        outputs, self._ready = self._ready, []
+        queues = self._queues
+        outputs, queues.ready = queues.ready, []
         with torch.inference_mode():  # cache tensors are created and written in inference mode
-            self._admit()
-            self._enforce_budget()
-            rows = sorted(self._running, key=lambda s: s.slot)
-            multi = [s for s in rows if s.cached_len + 1 < s.state.context_len]
-            single = [s for s in rows if s.cached_len + 1 >= s.state.context_len]
-            pending = [s.state.context_len - s.cached_len for s in multi]
-            groups = [[multi[i] for i in g] for g in group_by_length(pending)]
-            for group in (*groups, single):
-                if group:
-                    logits = self._forward(group)
-                    outputs.extend(self._advance(group, logits))
+            queues.admit()
+            self._stats.preemptions += queues.enforce_budget()
+            groups, n_prefill, n_decode = plan_iteration(queues.running)
+            for group in groups:
+                outputs.extend(queues.finish(self._batch.advance(group)))
         st = self._stats
-        st.iterations += bool(rows)
-        n_prefill = sum(pending)
+        st.iterations += bool(groups)
         st.prefill_tokens += n_prefill
-        st.decode_tokens += len(single)
-        st.last_iter_tokens = n_prefill + len(single)
+        st.decode_tokens += n_decode
+        st.last_iter_tokens = n_prefill + n_decode
         return outputs
 
     def generate(self, requests: list[GenerationRequest]) -> list[RequestOutput]:
@@ -200,6 +171,8 @@ class RolloutEngine:
             got.update((o.request_id, o) for o in self.step() if o.request_id in want)
         return [got[r.request_id] for r in requests]
 
+    # ----------------------------------------------------------------- paused requests
+
     def continue_request(self, request_id: str, append_ids: list[int]) -> None:
         """Resume a paused (stopped) request after appending tool tokens (mask 0).
 
@@ -209,26 +182,23 @@ class RolloutEngine:
         Raises:
             InputError: the request is not paused here, or ids are outside the vocabulary.
         """
-        seq = self._paused.get(request_id)
+        seq = self._queues.paused.get(request_id)
         if seq is None:
             raise InputError("no paused request with this id", where=f"request {request_id!r}",
                              fix="continue only requests that finished with 'stop' and were "
                              "not released, aborted or continued already")
         append_ids = [int(t) for t in append_ids]
         self._check_ids(append_ids, f"request {request_id!r}")
-        del self._paused[request_id]
-        if self._finish_if_exhausted(seq, append_ids):
-            return
-        if seq.slot is not None and len(self._running) < self.max_num_seqs:
-            self._running.append(seq)
-        else:
-            self._free(seq)
-            self._waiting.appendleft(seq)
+        del self._queues.paused[request_id]
+        if not self._queues.finish_if_exhausted(seq, append_ids):
+            self._queues.rejoin(seq)
 
     def release(self, request_id: str) -> None:
         """Drop a request (normally a paused one) and free its cache; unknown ids are ignored."""
-        if request_id in self._ids:
-            self._remove(request_id)
+        if request_id in self._queues.ids:
+            self._queues.remove(request_id)
+
+    # ----------------------------------------------------------------- moving requests
 
     def abort(self, request_id: str) -> RequestState:
         """Remove a running, waiting or paused request and return its resumable state.
@@ -236,11 +206,8 @@ class RolloutEngine:
         Raises:
             InputError: no such request in this engine.
         """
-        if request_id not in self._ids:
-            raise InputError("no such request", where=f"request {request_id!r}",
-                             fix="abort only requests that are running, waiting or paused")
-        seq = self._remove(request_id)
-        return self._export(seq, None)
+        self._check_known(request_id, "abort")
+        return self._queues.remove(request_id).export(None)
 
     def peek(self, request_id: str) -> RequestState:
         """What `abort` would return now, leaving the request where it is (running, waiting or
@@ -250,10 +217,8 @@ class RolloutEngine:
         Raises:
             InputError: no such request in this engine.
         """
-        if request_id not in self._ids:
-            raise InputError("no such request", where=f"request {request_id!r}",
-                             fix="peek only requests that are running, waiting or paused")
-        return self._export(self._find(request_id), None)
+        self._check_known(request_id, "peek")
+        return self._queues.find(request_id).export(None)
 
     def resume(self, state: RequestState, append_ids: list[int] = ()) -> None:
         """Queue an exported request on this engine: re-prefill prompt + output + ``append_ids``
@@ -276,10 +241,12 @@ class RolloutEngine:
             raise InputError(f"context of {state.context_len + len(append_ids)} tokens exceeds "
                              f"the KV budget {self.max_batch_tokens}", where=where,
                              fix="raise max_batch_tokens on this engine")
-        seq = _Seq(state, self._generator(state.params, state.rng_state))
-        self._ids.add(state.request_id)
-        if not self._finish_if_exhausted(seq, append_ids):
-            self._waiting.append(seq)
+        seq = Seq(state, self._generator(state.params, state.rng_state))
+        self._queues.ids.add(state.request_id)
+        if not self._queues.finish_if_exhausted(seq, append_ids):
+            self._queues.waiting.append(seq)
+
+    # ----------------------------------------------------------------- weights and progress
 
     def load_weights(self, state_dict: dict, *, keep_kv: bool = False) -> None:
         """Copy a trainer's weights into the model (call between iterations).
@@ -290,41 +257,39 @@ class RolloutEngine:
         Raises:
             InputError: missing or unexpected keys, or tensors of the wrong shape.
         """
-        own = self.model.state_dict()
-        tied_out = self._tied_output_key()
-        missing = set(own) - set(state_dict) - ({tied_out} if tied_out else set())
-        unexpected = set(state_dict) - set(own)
-        wrong = [k for k, v in state_dict.items()
-                 if k in own and tuple(v.shape) != tuple(own[k].shape)]
-        if missing or unexpected or wrong:
-            raise InputError(
-                f"state dict does not fit the model: missing {sorted(missing)[:3]}, "
-                f"unexpected {sorted(unexpected)[:3]}, wrong shape {wrong[:3]}",
-                where="load_weights", fix="send the state dict of the same architecture")
-        with torch.no_grad():
-            self.model.load_state_dict(state_dict, strict=False)
+        load_weights_checked(self.model, state_dict)
         if not keep_kv:
-            for seq in (*self._running, *self._paused.values()):
-                seq.cached_len = 0
+            self._queues.drop_caches()
         log.debug("loaded %d tensors (keep_kv=%s)", len(state_dict), keep_kv)
 
     @property
     def stats(self) -> EngineStats:
+        queues = self._queues
         return replace(
             self._stats,
-            running=len(self._running),
-            waiting=len(self._waiting),
-            paused=len(self._paused),
-            kv_tokens=sum(s.cached_len for s in (*self._running, *self._paused.values())),
+            running=len(queues.running),
+            waiting=len(queues.waiting),
+            paused=len(queues.paused),
+            kv_tokens=queues.kv_tokens(),
             kv_cache_bytes=self._cache.mem_bytes,
         )
+
+    def context_tokens(self, request_ids: Collection[str]) -> int:
+        """Tokens of context (prompt + output so far) of the requests among ``request_ids`` that
+        are running, waiting or paused here (unknown ids count 0)."""
+        return self._queues.context_tokens(request_ids)
 
     # ----------------------------------------------------------------- validation
 
     def _check_new_id(self, request_id: str) -> None:
-        if request_id in self._ids:
+        if request_id in self._queues.ids:
             raise InputError("request id already in this engine", where=f"request {request_id!r}",
                              fix="use a unique request_id")
+
+    def _check_known(self, request_id: str, verb: str) -> None:
+        if request_id not in self._queues.ids:
+            raise InputError("no such request", where=f"request {request_id!r}",
+                             fix=f"{verb} only requests that are running, waiting or paused")
 
     def _check_ids(self, ids: list[int], where: str) -> None:
         if ids and (min(ids) < 0 or max(ids) >= self.vocab_rows):
@@ -335,177 +300,3 @@ class RolloutEngine:
         if rng_state is not None:
             return generator_from_state(rng_state)
         return new_generator(params.seed)
-
-    def _tied_output_key(self) -> str | None:
-        out, inp = self.model.get_output_embeddings(), self.model.get_input_embeddings()
-        if out is None or out.weight is not inp.weight:
-            return None
-        return next((k for k, m in self.model.named_modules() if m is out), "lm_head") + ".weight"
-
-    # ----------------------------------------------------------------- scheduling
-
-    def _kv_used(self) -> int:
-        held = [*self._running, *(s for s in self._paused.values() if s.slot is not None)]
-        return sum(s.state.context_len for s in held)
-
-    def _admit(self) -> None:
-        used = self._kv_used()
-        while self._waiting and len(self._running) < self.max_num_seqs:
-            seq = self._waiting[0]
-            # Headroom of one token per running request, so an admission is not preempted
-            # by the very next decode step.
-            need = seq.state.context_len + len(self._running) + 1
-            while used + need > self.max_batch_tokens and self._evict_one_paused():
-                used = self._kv_used()
-            if used + need > self.max_batch_tokens and self._running:
-                break
-            self._waiting.popleft()
-            self._allocate(seq)
-            self._running.append(seq)
-            used += seq.state.context_len
-
-    def _enforce_budget(self) -> None:
-        while self._kv_used() > self.max_batch_tokens:
-            if self._evict_one_paused():
-                continue
-            if len(self._running) <= 1:
-                break
-            seq = self._running.pop()
-            self._free(seq)
-            self._waiting.appendleft(seq)
-            self._stats.preemptions += 1
-            log.debug("preempted %s (KV budget)", seq.state.request_id)
-
-    def _evict_one_paused(self) -> bool:
-        for seq in self._paused.values():  # oldest pause first
-            if seq.slot is not None:
-                self._free(seq)
-                log.debug("evicted the cache of paused %s", seq.state.request_id)
-                return True
-        return False
-
-    def _allocate(self, seq: _Seq) -> None:
-        if self._free_slots:
-            seq.slot = heapq.heappop(self._free_slots)
-        else:
-            seq.slot = self._next_slot
-            self._next_slot += 1
-        seq.cached_len = 0
-        self._cache.reserve(seq.slot + 1, 0)
-
-    def _free(self, seq: _Seq) -> None:
-        if seq.slot is not None:
-            heapq.heappush(self._free_slots, seq.slot)
-            if len(self._free_slots) == self._next_slot:  # nobody holds a cache: free memory
-                self._free_slots, self._next_slot = [], 0
-                self._cache.clear()
-        seq.slot = None
-        seq.cached_len = 0
-
-    def _find(self, request_id: str) -> _Seq:
-        """The queued (paused, running or waiting) request with this id."""
-        seq = self._paused.get(request_id)
-        if seq is None:
-            seq = next((s for s in (*self._running, *self._waiting)
-                        if s.state.request_id == request_id), None)
-        if seq is None:
-            raise RuntimeError(f"request {request_id!r} is registered but not queued")
-        return seq
-
-    def _remove(self, request_id: str) -> _Seq:
-        seq = self._find(request_id)
-        self._ids.discard(request_id)
-        if self._paused.pop(request_id, None) is None:
-            if any(s is seq for s in self._running):
-                self._running = [s for s in self._running if s is not seq]
-            else:
-                self._waiting = deque(s for s in self._waiting if s is not seq)
-        self._free(seq)
-        return seq
-
-    # ----------------------------------------------------------------- model work
-
-    def _forward(self, group: list[_Seq]) -> torch.Tensor:
-        """Feed each row its pending tokens; return the last position's logits, [B, V]."""
-        segments = [s.pending() for s in group]
-        starts = [s.cached_len for s in group]
-        self._cache.reserve(max(s.slot for s in group) + 1,
-                            max(a + len(b) for a, b in zip(starts, segments, strict=True)))
-        layout = build_layout([s.slot for s in group], starts, segments, self._cache.trash_pos,
-                              self._mask_dtype, self._cache.device)
-        self._cache.begin(layout)
-        try:
-            logits = kv_call(self.model, layout.input_ids, layout.attention_mask,
-                             layout.position_ids, self._cache, logits_to_keep=1)
-        finally:
-            self._cache.end()
-        for seq, seg in zip(group, segments, strict=True):
-            seq.cached_len += len(seg)
-        return logits[:, -1]
-
-    def _advance(self, group: list[_Seq], logits: torch.Tensor) -> list[RequestOutput]:
-        params = [s.state.params for s in group]
-        tokens, logprobs = sample_tokens(
-            logits, [p.temperature for p in params], [p.top_p for p in params],
-            [s.gen for s in group])
-        outputs = []
-        for seq, tok, lp in zip(group, tokens, logprobs, strict=True):
-            st = seq.state
-            st.output_ids.append(tok)
-            st.output_logprobs.append(lp)
-            st.output_mask.append(1)
-            st.num_generated += 1
-            matched = None
-            if tok == self.eos_token_id:
-                reason = "eos"
-            elif st.params.stop and (matched := self._match_stop(seq)) is not None:
-                reason = "stop"
-            elif (st.num_generated >= st.params.max_new_tokens
-                  or st.context_len >= self.max_positions):
-                reason = "length"
-            else:
-                continue
-            outputs.append(self._finish(seq, reason, matched))
-        if outputs:
-            done = {o.request_id for o in outputs}
-            self._running = [s for s in self._running if s.state.request_id not in done]
-        return outputs
-
-    def _match_stop(self, seq: _Seq) -> str | None:
-        """The first stop string present in the recent model text (a window covers the longest
-        stop string even at 4 tokens per character, e.g. byte-level BPE)."""
-        out = seq.state.output_ids
-        window = 4 * max(len(s) for s in seq.state.params.stop) + 4
-        text = self._decode(out[max(seq.state.stop_from, len(out) - window):])
-        hits = [(text.find(s), i) for i, s in enumerate(seq.state.params.stop) if s in text]
-        return seq.state.params.stop[min(hits)[1]] if hits else None
-
-    def _finish(self, seq: _Seq, reason: str, matched: str | None) -> RequestOutput:
-        rid = seq.state.request_id
-        if reason == "stop":  # a tool call: keep the cache until continue_request / release
-            seq.state.stop_from = len(seq.state.output_ids)
-            self._paused[rid] = seq
-            return RequestOutput(rid, self._export(seq, reason), reason, matched)
-        self._ids.discard(rid)
-        self._free(seq)
-        return RequestOutput(rid, self._export(seq, reason), reason, matched)
-
-    def _finish_if_exhausted(self, seq: _Seq, append_ids: list[int]) -> bool:
-        """Apply tool tokens; finish with "length" (queued for step) if no token may follow."""
-        st = seq.state
-        if st.context_len + len(append_ids) < self.max_positions:
-            if append_ids:
-                st.append_inserted(append_ids)
-            if st.num_generated < st.params.max_new_tokens:
-                return False
-        self._ids.discard(st.request_id)
-        self._free(seq)
-        self._ready.append(RequestOutput(st.request_id, self._export(seq, "length"), "length",
-                                         None))
-        return True
-
-    def _export(self, seq: _Seq, reason: str | None) -> RequestState:
-        snap = seq.state.snapshot()
-        snap.finish_reason = reason
-        snap.rng_state = generator_state(seq.gen) if seq.gen is not None else snap.rng_state
-        return snap

@@ -272,11 +272,9 @@ class RolloutSession:
     def ctx_tokens(self) -> int:
         """Tokens of context (prompt + output so far) held by the unfinished requests; tool
         results not yet inserted are not counted."""
-        # RolloutEngine has no public per-request view; read its queues (running, waiting,
-        # paused = this session's tool-waiting requests).
-        eng = self.engine
-        held = (*eng._running, *eng._waiting, *eng._paused.values())
-        n = sum(s.state.context_len for s in held if s.state.request_id in self._live)
+        # The engine holds the running, waiting and paused (this session's tool-waiting)
+        # requests; imported ones not yet resumed are only in this session's heap.
+        n = self.engine.context_tokens(self._live)
         return n + sum(p.state.context_len for p in self._pending if p.state is not None)
 
     def done(self) -> bool:
