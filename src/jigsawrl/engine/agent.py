@@ -14,6 +14,9 @@ rejoins, and the engine samples each request from its own seeded generator.
 
 The loop itself is `jigsawrl.engine.session.RolloutSession`, which can also run in time slices and
 export unfinished requests to another engine; `AgentLoop.run` runs one batch to completion with it.
+`Trajectory`, `encode_prompt`, `encode_text` and `RESPONSE_END` live in
+`jigsawrl.engine.trajectory` (so that the session imports them without importing this module) and
+are re-exported here.
 """
 
 from __future__ import annotations
@@ -21,49 +24,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
+from jigsawrl.engine.session import RolloutSession
+from jigsawrl.engine.trajectory import RESPONSE_END, Trajectory, encode_prompt, encode_text
+
+__all__ = ["RESPONSE_END", "AgentLoop", "Trajectory", "encode_prompt", "encode_text"]
+
 log = logging.getLogger(__name__)
-
-RESPONSE_END = "\n"  # the tasks' end-of-response marker (tasks/base.py)
-
-
-def encode_prompt(tokenizer: Any, text: str) -> list[int]:
-    """Prompt ids: ``<bos>`` then the text's tokens (no other special tokens)."""
-    return [tokenizer.bos_token_id, *tokenizer.encode(text, add_special_tokens=False)]
-
-
-def encode_text(tokenizer: Any, text: str) -> list[int]:
-    """Ids of a piece of response text (demo, tool result), no special tokens."""
-    return list(tokenizer.encode(text, add_special_tokens=False))
-
-
-@dataclass
-class Trajectory:
-    """One finished response of one prompt (possibly several turns).
-
-    Attributes:
-        request_id: the engine request id.
-        example: the task example it answers.
-        prompt_ids: the encoded prompt.
-        response_ids: model and tool tokens after the prompt.
-        response_mask: 1 for model tokens, 0 for tool-result tokens (excluded from the loss).
-        response_text: the decoded response, tool results included (what the reward reads).
-        finish_reason: ``eos`` | ``stop`` | ``length`` | ``abort`` | ``max_turns``.
-        num_tool_calls: tool calls made.
-        tool_wait_s: total simulated tool latency waited.
-    """
-
-    request_id: str
-    example: Any
-    prompt_ids: list[int]
-    response_ids: list[int]
-    response_mask: list[int]
-    response_text: str
-    finish_reason: str
-    num_tool_calls: int = 0
-    tool_wait_s: float = 0.0
 
 
 class AgentLoop:
@@ -85,8 +53,6 @@ class AgentLoop:
 
     def run(self, requests: list[tuple[Any, Any]]) -> list[Trajectory]:
         """Run ``(example, GenerationRequest)`` pairs; trajectories come back in input order."""
-        from jigsawrl.engine.session import RolloutSession  # session.py imports this module
-
         session = RolloutSession(*self._args, **self._options)
         for example, req in requests:
             session.add(example, req)

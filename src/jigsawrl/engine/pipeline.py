@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from jigsawrl.config import PipelineSpec
-from jigsawrl.engine.agent import RESPONSE_END, AgentLoop, Trajectory, encode_prompt
+from jigsawrl.engine.agent import AgentLoop
 from jigsawrl.engine.checkpoint import (
     apply_checkpoint,
     latest_checkpoint,
@@ -49,6 +49,7 @@ from jigsawrl.engine.trainer import (
     build_batch,
     group_advantages,
 )
+from jigsawrl.engine.trajectory import RESPONSE_END, Trajectory, encode_prompt
 from jigsawrl.engine.warmstart import WarmStartSpec, warm_start
 
 log = logging.getLogger(__name__)

@@ -29,8 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from jigsawrl.engine.agent import Trajectory, encode_text
 from jigsawrl.engine.requests import RequestState
+from jigsawrl.engine.trajectory import Trajectory, encode_text
 from jigsawrl.errors import InputError
 
 log = logging.getLogger(__name__)

@@ -29,7 +29,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from jigsawrl.engine.agent import encode_prompt, encode_text
+from jigsawrl.engine.trajectory import encode_prompt, encode_text
 
 log = logging.getLogger(__name__)
 
