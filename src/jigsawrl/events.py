@@ -4,26 +4,14 @@ The simulated executor and the Ray executor emit the *same* records, so metrics 
 know which one ran. Records are plain frozen dataclasses (not pydantic) because a simulation emits
 tens of thousands of them and construction cost matters.
 
-Vocabulary of ``stage`` (sub-stage kinds, DESIGN.md §2):
-  rollout:  ``prefill``, ``decode_large`` (≥1024 tokens per engine iteration),
-            ``decode_medium`` ([128, 1024)), ``decode_small`` ([0, 128): the long tail),
-            ``tool_wait`` (requests of this worker all wait for tools; device idle for this pipeline)
-  after rollout: ``reward``, ``old_logprob``, ``ref_logprob``, ``actor_update``, ``weight_sync``
-  memory moves: ``offload``, ``onload``; long-tail migration: ``migrate``
+The ``stage`` of a record is a :class:`~jigsawrl.stages.Stage` (its name is the plain string on
+disk); the vocabulary and the kinds of stages are in :mod:`jigsawrl.stages`.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any
-
-ROLLOUT_STAGES = ("prefill", "decode_large", "decode_medium", "decode_small", "tool_wait")
-TRAIN_STAGES = ("reward", "old_logprob", "ref_logprob", "actor_update", "weight_sync")
-MEMORY_STAGES = ("offload", "onload", "migrate")
-ALL_STAGES = ROLLOUT_STAGES + TRAIN_STAGES + MEMORY_STAGES
-
-# Stages whose device time counts as "busy" (tool waits do not use the device).
-DEVICE_STAGES = tuple(s for s in ALL_STAGES if s != "tool_wait")
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,9 +6,10 @@ import json
 import random
 import time
 
-from jigsawrl.events import ALL_STAGES, Span, StepFinished
+from jigsawrl.events import Span, StepFinished
 from jigsawrl.metrics import RunInfo, plot_timeline, write_trace
 from jigsawrl.metrics.timeline import _stack
+from jigsawrl.stages import ALL_SPAN_STAGES as ALL_STAGES
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

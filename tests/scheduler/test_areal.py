@@ -6,10 +6,11 @@ import pytest
 from test_streamrl import check_run, make_cfg, overlaps, run, tiny_view
 
 from jigsawrl.errors import ConfigError
-from jigsawrl.events import ROLLOUT_STAGES, Span
+from jigsawrl.events import Span
 from jigsawrl.experiments.simulated import simulate
 from jigsawrl.scheduler.areal import ArealPolicy
 from jigsawrl.scheduler.base import Interrupt, RunningTask, SetShare, StartRollout
+from jigsawrl.stages import ROLLOUT_BANDS as ROLLOUT_STAGES
 
 
 def reprefills(spans: list[Span]) -> list[Span]:

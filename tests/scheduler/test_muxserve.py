@@ -7,9 +7,9 @@ from test_rollmux import check_run, make_cfg, overlaps, run, spans_of, tiny_view
 
 from jigsawrl.costmodel.slowdown import SHARE_LEVELS
 from jigsawrl.errors import ConfigError
-from jigsawrl.events import ROLLOUT_STAGES
 from jigsawrl.scheduler.base import RunningTask, SetResident, SetShare, StartRollout, StartStage
 from jigsawrl.scheduler.muxserve import MAX_CONCURRENT, MuxServePolicy, equal_share
+from jigsawrl.stages import ROLLOUT_BANDS as ROLLOUT_STAGES
 
 TRAIN_ON_DEVICES = ("old_logprob", "ref_logprob", "actor_update", "weight_sync")
 

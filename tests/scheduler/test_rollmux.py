@@ -13,7 +13,7 @@ import pytest
 
 from jigsawrl.config import ExperimentConfig, validate_config
 from jigsawrl.errors import ConfigError
-from jigsawrl.events import ROLLOUT_STAGES, Event, SampleFinished, Span, StepFinished
+from jigsawrl.events import Event, SampleFinished, Span, StepFinished
 from jigsawrl.experiments.resolve import resolve
 from jigsawrl.experiments.simulated import make_cost, run_once, simulate
 from jigsawrl.scheduler.base import (
@@ -26,6 +26,7 @@ from jigsawrl.scheduler.base import (
     View,
 )
 from jigsawrl.scheduler.rollmux import ROLLOUT_FRACTIONS, RollMuxPolicy, split_pools
+from jigsawrl.stages import ROLLOUT_BANDS as ROLLOUT_STAGES
 
 STEPS = 2
 GPU_STAGES = ("old_logprob", "ref_logprob", "actor_update", "weight_sync", "onload", "offload")

@@ -13,7 +13,7 @@ import pytest
 
 from jigsawrl.config import ExperimentConfig, validate_config
 from jigsawrl.errors import ConfigError
-from jigsawrl.events import ROLLOUT_STAGES, TRAIN_STAGES, Event, SampleFinished, Span, StepFinished
+from jigsawrl.events import Event, SampleFinished, Span, StepFinished
 from jigsawrl.experiments.resolve import resolve
 from jigsawrl.experiments.simulated import make_cost, run_once, simulate
 from jigsawrl.scheduler.base import (
@@ -26,6 +26,8 @@ from jigsawrl.scheduler.base import (
     View,
 )
 from jigsawrl.scheduler.streamrl import StreamRLPolicy, shared_plans, split_plans
+from jigsawrl.stages import POST_ROLLOUT as TRAIN_STAGES
+from jigsawrl.stages import ROLLOUT_BANDS as ROLLOUT_STAGES
 
 STEPS = 3
 
