@@ -55,14 +55,12 @@ from jigsawrl.costmodel.cpu import cpu_worker_params
 from jigsawrl.costmodel.model import CostModel
 from jigsawrl.costmodel.profile import PROFILE_VERSION, cost_inputs
 from jigsawrl.costmodel.roofline import CostParams, prefill_flops
+from jigsawrl.costmodel.train_cost import ADAM_BYTES_PER_PARAM
 from jigsawrl.errors import ConfigError
 from jigsawrl.workload.models import ModelSpec
 
 log = logging.getLogger(__name__)
 
-# CostModel's Adam step moves 30 bytes per parameter (costmodel/model.py); subtracted from the
-# measured update time before the train FLOP rate is computed.
-_ADAM_BYTES_PER_PARAM = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,7 +193,9 @@ def fit_params(model: ModelSpec, raw_by_threads: dict[int, dict[str, Any]]) -> d
     fit = fit_decode(model, [{**q, "share": t / top} for t, r in raw_by_threads.items()
                              for q in r["decode"]])
     mem_bw = 2.0 * raw["memcpy"]["bytes"] / raw["memcpy"]["time_s"]  # read + write
-    adam = _ADAM_BYTES_PER_PARAM * p / mem_bw
+    # the cost model's Adam step, subtracted from the measured update time before the train
+    # FLOP rate is computed
+    adam = ADAM_BYTES_PER_PARAM * p / mem_bw
     lp_s_per_token, lp_over = pass_line(raw, "logprob", 0.0)
     tr_s_per_token, tr_over = pass_line(raw, "train", adam)
     rates = {
@@ -347,9 +347,10 @@ def write_profile(doc: dict[str, Any], path: str | Path) -> Path:
 
 
 def _plain(value: Any) -> Any:
-    """numpy scalars and tuples -> plain Python, for yaml.safe_dump."""
+    """numpy scalars, tuples and str subclasses (keys too: a Stage) -> plain Python, for
+    yaml.safe_dump."""
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        return {_plain(k): _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_plain(v) for v in value]
     if isinstance(value, np.generic):

@@ -22,6 +22,7 @@ from jigsawrl.costmodel.fit import (
     median_time_s,
 )
 from jigsawrl.experiments.machine import machine_info
+from jigsawrl.stages import Stage
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ def _train_side(model: Any, engine_model: Any, tok: Any,
         "train": {"tokens": tokens, "time_s": median_time_s(lambda: trainer.update(batch), reps)},
         "train_small": {"tokens": small_tokens,
                         "time_s": median_time_s(lambda: trainer.update(small), reps)},
-        "weight_sync": {"params": sum(p.numel() for p in model.parameters()),
+        Stage.WEIGHT_SYNC: {"params": sum(p.numel() for p in model.parameters()),
                         "time_s": median_time_s(lambda: engine.load_weights(model.state_dict()), reps)},
         "memcpy": {"bytes": _MEMCPY_BYTES, "time_s": median_time_s(lambda: dst.copy_(src), reps + 2)},
     }
@@ -132,7 +133,7 @@ def measure_threads(settings: ProfileSettings, threads: int, models: tuple[Any, 
             decode[batch, prompt_len].append(d)
             prefill[batch, prompt_len].append(p)
     out = {"decode": [_median_point(decode[g]) for g in grid],
-           "prefill": [_median_point(prefill[g]) for g in grid]}
+           Stage.PREFILL: [_median_point(prefill[g]) for g in grid]}
     for d in out["decode"]:
         log.info("threads %d batch %d prompt %d: decode %.2f ms", threads, d["batch"],
                  d["prompt_len"], 1e3 * d["time_s"])
