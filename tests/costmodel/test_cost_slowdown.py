@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jigsawrl.costmodel import SHARE_LEVELS, STAGES, CostModel
+from jigsawrl.costmodel import SHARE_LEVELS, CostModel
+from jigsawrl.stages import COSTED_STAGES
 from jigsawrl.workload.accelerators import ACCELERATORS
 from jigsawrl.workload.models import MODELS
 
@@ -38,7 +39,8 @@ def test_share_insensitive_stages() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.sampled_from(STAGES), st.sampled_from(sorted(MODELS)), st.sampled_from([1, 2, 4]),
+@given(st.sampled_from(COSTED_STAGES), st.sampled_from(sorted(MODELS)),
+       st.sampled_from([1, 2, 4]),
        st.one_of(st.none(), st.integers(1, 4096)), st.one_of(st.none(), st.integers(0, 10**6)))
 def test_slowdown_at_least_one_and_non_increasing(stage: str, model: str, tp: int,
                                                   batch: int | None, ctx: int | None) -> None:
@@ -52,7 +54,7 @@ def test_slowdown_at_least_one_and_non_increasing(stage: str, model: str, tp: in
 
 def test_table_shape_and_ordering() -> None:
     table = CM.slowdown_table(Q4, tp=1)
-    assert set(table) == set(STAGES)
+    assert set(table) == set(COSTED_STAGES)
     for row in table.values():
         assert tuple(row) == SHARE_LEVELS
     # compute-bound stages suffer more than the memory-bound tail at every level

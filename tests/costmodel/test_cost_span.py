@@ -37,7 +37,7 @@ def test_span_equals_sum_of_iterations(s: dict) -> None:
 
 @settings(max_examples=80, deadline=None)
 @given(spans, st.floats(0.0, 1.0))
-def test_iters_within_inverts_span(s: dict, frac: float) -> None:
+def test_iters_within_invertsspan_sum(s: dict, frac: float) -> None:
     cm, model = CM[s["accel"]], MODELS[s["model"]]
     b, tp, share = s["batch"], s["tp"], s["share"]
     ctx = b * s["ctx_per_seq"]
@@ -75,16 +75,16 @@ lines = st.floats(0.0, 1.0, allow_nan=False)
 def test_closed_form_on_arbitrary_lines(c0: float, c1: float, m0: float, m1: float, k: float,
                                         n: int, frac: float) -> None:
     # covers both crossing directions, including compute overtaking memory (unusual hardware)
-    from jigsawrl.costmodel.model import _regimes, _series_count, _span
+    from jigsawrl.costmodel.rollout_cost import regimes, series_count, span_sum
 
     c1, m1 = c1 / 50, m1 / 50
     brute = sum(k + max(c0 + c1 * i, m0 + m1 * i) for i in range(n))
-    assert _span(k, c0, c1, m0, m1, float(n)) == pytest.approx(brute, rel=1e-9, abs=1e-12)
-    n_x, a0, a1, b0, b1 = _regimes(c0, c1, m0, m1)
+    assert span_sum(k, c0, c1, m0, m1, float(n)) == pytest.approx(brute, rel=1e-9, abs=1e-12)
+    n_x, a0, a1, b0, b1 = regimes(c0, c1, m0, m1)
     budget = frac * brute
-    est = _series_count(k + a0, a1, budget)
+    est = series_count(k + a0, a1, budget)
     if est > n_x:
-        rest = budget - _span(k, c0, c1, m0, m1, n_x)
-        est = n_x + _series_count(k + b0 + b1 * n_x, b1, rest)
-    assert _span(k, c0, c1, m0, m1, float(int(est))) <= budget * (1 + 1e-9) + 1e-12
-    assert _span(k, c0, c1, m0, m1, float(int(est) + 2)) > budget
+        rest = budget - span_sum(k, c0, c1, m0, m1, n_x)
+        est = n_x + series_count(k + b0 + b1 * n_x, b1, rest)
+    assert span_sum(k, c0, c1, m0, m1, float(int(est))) <= budget * (1 + 1e-9) + 1e-12
+    assert span_sum(k, c0, c1, m0, m1, float(int(est) + 2)) > budget

@@ -8,6 +8,6 @@ simulator and driver call on one: type against it. Imports neither torch nor ray
 from jigsawrl.costmodel.model import CostModel
 from jigsawrl.costmodel.protocol import CostModelProtocol
 from jigsawrl.costmodel.roofline import CostParams
-from jigsawrl.costmodel.slowdown import SHARE_LEVELS, STAGES
+from jigsawrl.costmodel.slowdown import SHARE_LEVELS
 
-__all__ = ["SHARE_LEVELS", "STAGES", "CostModel", "CostModelProtocol", "CostParams"]
+__all__ = ["SHARE_LEVELS", "CostModel", "CostModelProtocol", "CostParams"]

@@ -7,10 +7,14 @@ bytes *per device*. The formulas are standard mixed-precision accounting (ZeRO p
 et al. 2020: 16 bytes per parameter for bf16 params + grads, fp32 master copy and Adam m, v) and
 activation accounting with per-layer checkpointing (Korthikanti et al. 2022, adapted to GQA and
 SwiGLU); where a constant is assumed, :class:`~jigsawrl.costmodel.roofline.CostParams` says so.
+
+:class:`MemoryCosts` is the cost model's memory side: these functions bound to its accelerator and
+params.
 """
 
 from __future__ import annotations
 
+from jigsawrl.costmodel.core import CostCore
 from jigsawrl.costmodel.roofline import CostParams, kv_bytes_per_token_per_device
 from jigsawrl.workload.accelerators import AcceleratorSpec
 from jigsawrl.workload.models import BF16_BYTES, ModelSpec
@@ -126,3 +130,26 @@ def _min_training_devices(model: ModelSpec, accel: AcceleratorSpec, p: CostParam
         return None
     n = max(2, int(-(-TRAIN_STATE_BYTES_PER_PARAM * model.num_params // room)))
     return n if n <= limit else None
+
+
+class MemoryCosts(CostCore):
+    """Bytes per device of rollout weights, KV cache, train state and activations."""
+
+    def rollout_weight_bytes(self, model: ModelSpec, tp: int) -> float:
+        return rollout_weight_bytes(model, tp)
+
+    def kv_bytes(self, model: ModelSpec, tokens: int, tp: int) -> float:
+        return kv_bytes(model, tokens, tp)
+
+    def kv_budget_tokens(self, model: ModelSpec, tp: int, mem_bytes: float) -> int:
+        return kv_budget_tokens(model, tp, mem_bytes)
+
+    def train_state_bytes(self, model: ModelSpec, n_devices: int) -> float:
+        return train_state_bytes(model, n_devices)
+
+    def activation_bytes(self, model: ModelSpec, micro_batch_tokens: int,
+                         n_devices: int) -> float:
+        return activation_bytes(model, micro_batch_tokens, n_devices, self.params)
+
+    def fits_training(self, model: ModelSpec, n_devices: int) -> tuple[bool, str]:
+        return fits_training(model, self.accel, n_devices, self.params)

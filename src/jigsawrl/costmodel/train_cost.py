@@ -1,0 +1,164 @@
+"""Training side of the cost model: log-prob and update passes, weight sync, host moves, reward.
+
+The passes are FSDP / ZeRO-3 over ``n_devices`` data-parallel devices: compute at the training
+efficiency of peak, parameter all-gathers and gradient reduce-scatters per micro-batch (partly
+hidden behind compute), a memory-bound Adam step. :meth:`TrainCosts.dispatch_time_s` adds what a
+pool of worker processes costs beside that (0 unless ``jigsawrl profile`` measured it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from jigsawrl.costmodel.core import CostCore, check_share
+from jigsawrl.costmodel.roofline import (
+    FP32_BYTES,
+    logprob_flops,
+    overlap_comm,
+    ring_collective_s,
+    train_flops,
+)
+from jigsawrl.stages import Stage
+from jigsawrl.workload.models import ModelSpec
+
+# Adam step per parameter: read fp32 master, m, v, fp32 grad (16 B); write master, m, v (12 B)
+# and the bf16 working copy (2 B).
+ADAM_BYTES_PER_PARAM = 30.0
+# FSDP gradient reduce-scatter in fp32 (verl's default reduce_dtype), params gathered in bf16.
+GRAD_REDUCE_BYTES_PER_PARAM = 4.0
+# Stages whose call to the worker is already in their own cost (reward: ``reward_overhead_s``;
+# host moves: ``host_transfer_latency_s``), so dispatch adds nothing to them.
+CALL_IN_OWN_COST: frozenset[Stage] = frozenset({Stage.REWARD, Stage.OFFLOAD, Stage.ONLOAD})
+# fp32 weight (or gradient) moves between data-parallel worker processes per pass.
+DP_WEIGHT_MOVES: dict[Stage, int] = {Stage.OLD_LOGPROB: 1, Stage.REF_LOGPROB: 1,
+                                     Stage.ACTOR_UPDATE: 2}
+
+
+class TrainCosts(CostCore):
+    """Log-prob, update, weight sync, host transfer, reward and dispatch times (and FLOPs)."""
+
+    def _micro_batches(self, n_devices: int, tokens: float) -> int:
+        per = n_devices * self.params.train_micro_batch_tokens
+        return max(1, math.ceil(tokens / per))
+
+    def pass_tokens(self, seq_lens: Sequence[int], n_devices: int, micro_batch_rows: int) -> int:
+        """The tokens a log-prob or update pass over sequences of ``seq_lens`` computes.
+
+        The real tokens, unless ``train_pads_rows``: then the rows are split into ``n_devices``
+        contiguous data-parallel shards (as the Ray executor does), each shard into micro-batches
+        of ``micro_batch_rows`` padded to their longest row, and the pass costs ``n_devices``
+        times the largest shard's padded tokens (the shards run in parallel; the slowest ends
+        the stage), so that ``logprob_time_s(model, n_devices, tokens)`` is that shard's time.
+        """
+        if not self.params.train_pads_rows or not seq_lens:
+            return int(sum(seq_lens))
+        rows = len(seq_lens)
+        shards = max(1, min(n_devices, rows))
+        base, extra = divmod(rows, shards)
+        start, widest = 0, 0
+        for i in range(shards):
+            stop = start + base + (1 if i < extra else 0)
+            step = max(1, micro_batch_rows)
+            micro = [seq_lens[lo:min(lo + step, stop)] for lo in range(start, stop, step)]
+            widest = max(widest, sum(len(mb) * max(mb) for mb in micro))
+            start = stop
+        return widest * n_devices
+
+    def logprob_time_s(self, model: ModelSpec, n_devices: int, tokens: int, share: float = 1.0,
+                       *, noise: float | None = None) -> float:
+        """Forward-only log-prob pass over ``tokens`` tokens, FSDP-sharded over ``n_devices``.
+
+        Compute at ``logprob_eff`` of peak, plus one bf16 parameter all-gather per micro-batch
+        (partly hidden behind compute, ``comm_overlap``).
+        """
+        check_share(share)
+        if tokens <= 0:
+            return 0.0
+        compute = logprob_flops(model, tokens) / (self._logprob_rate * share * n_devices)
+        gather = ring_collective_s(model.weight_bytes(), n_devices, self._link_bw(n_devices),
+                                   self.params.collective_step_latency_s)
+        comm = self._micro_batches(n_devices, tokens) * gather
+        t = overlap_comm(compute, comm, self.params.comm_overlap) + self.params.logprob_overhead_s
+        return self._out(t, noise)
+
+    def train_time_s(self, model: ModelSpec, n_devices: int, tokens: int, share: float = 1.0,
+                     *, noise: float | None = None) -> float:
+        """Forward + backward + optimizer step(s) over ``tokens`` tokens on ``n_devices``.
+
+        ZeRO-3/FSDP: per micro-batch two bf16 parameter all-gathers (forward, backward) and one
+        fp32 gradient reduce-scatter, over NVLink inside a node and the NIC across nodes; then
+        ``optimizer_steps`` memory-bound Adam steps over the local shard.
+        """
+        check_share(share)
+        if tokens <= 0:
+            return 0.0
+        p = self.params
+        compute = train_flops(model, tokens) / (self._train_rate * share * n_devices)
+        link = self._link_bw(n_devices)
+        lat = p.collective_step_latency_s
+        per_micro = (2.0 * ring_collective_s(model.weight_bytes(), n_devices, link, lat)
+                     + ring_collective_s(GRAD_REDUCE_BYTES_PER_PARAM * model.num_params,
+                                         n_devices, link, lat))
+        comm = self._micro_batches(n_devices, tokens) * per_micro
+        adam = ADAM_BYTES_PER_PARAM * model.num_params / n_devices / self._bw(share)
+        t = overlap_comm(compute, comm, p.comm_overlap) + p.optimizer_steps * adam
+        return self._out(t + p.train_overhead_s, noise)
+
+    def weight_sync_time_s(self, model: ModelSpec, n_devices: int, tp: int = 1, *,
+                           noise: float | None = None) -> float:
+        """Trainer (FSDP over ``n_devices``) -> colocated rollout engines of TP size ``tp``.
+
+        Each device all-gathers the full bf16 weights layer by layer, keeps its TP slice and
+        copies it into the engine (read + write at HBM speed), plus a fixed overhead.
+        """
+        w = model.weight_bytes()
+        gather = ring_collective_s(w, n_devices, self._link_bw(n_devices),
+                                   self.params.collective_step_latency_s)
+        load = 2.0 * w / tp / self._hbm_rate
+        return self._out(gather + load + self.params.weight_sync_overhead_s, noise)
+
+    def host_transfer_time_s(self, nbytes: float, n_devices: int = 1, *,
+                             noise: float | None = None) -> float:
+        """Offload or onload of ``nbytes`` over the host link, ``nbytes / n_devices`` per device."""
+        if nbytes <= 0:
+            return 0.0
+        per_device = nbytes / max(1, n_devices)
+        t = per_device / self.accel.host_link_bytes_per_s + self.params.host_transfer_latency_s
+        return self._out(t, noise)
+
+    def dispatch_time_s(self, model: ModelSpec, stage: str, n_devices: int) -> float:
+        """What a worker pool adds to ``stage`` beside its compute: the call to the worker, and
+        the fp32 weights moved to data-parallel helpers (update: and the gradients back) or to
+        the rollout engines (weight sync). See ``CostParams.call_overhead_s``; 0 by default.
+        Reward (``reward_overhead_s``) and host moves (``host_transfer_latency_s``) have their
+        call in their own cost already."""
+        p = self.params
+        if stage in CALL_IN_OWN_COST:
+            return 0.0
+        if stage == Stage.WEIGHT_SYNC:
+            moves = 1
+        elif n_devices >= 2:
+            moves = DP_WEIGHT_MOVES.get(stage, 0)
+        else:
+            moves = 0
+        if moves == 0 or p.worker_link_bytes_per_s <= 0:
+            return p.call_overhead_s
+        per_move = (p.worker_link_latency_s
+                    + model.weight_bytes(FP32_BYTES) / p.worker_link_bytes_per_s)
+        return p.call_overhead_s + moves * per_move
+
+    def reward_time_s(self, num_samples: int, *, noise: float | None = None) -> float:
+        """Rule-based reward on CPU: a fixed overhead plus a constant per sample."""
+        if num_samples <= 0:
+            return 0.0
+        p = self.params
+        return self._out(p.reward_overhead_s + p.reward_s_per_sample * num_samples, noise)
+
+    # ---------------------------------------------------------------- FLOPs (for MFU)
+
+    def logprob_flops(self, model: ModelSpec, tokens: int) -> float:
+        return logprob_flops(model, tokens)
+
+    def train_flops(self, model: ModelSpec, tokens: int) -> float:
+        return train_flops(model, tokens)
