@@ -36,8 +36,9 @@ later steps keep the rollout pool busy meanwhile). Modelling it needs sample-lev
 
 from __future__ import annotations
 
-from jigsawrl.scheduler.base import ROLLOUT, Action, Interrupt, PipelineView, View, register_policy
+from jigsawrl.scheduler.base import Action, Interrupt, PipelineView, View, register_policy
 from jigsawrl.scheduler.streamrl import ROLLOUT_MEM_FRACTION, DisaggregatedPolicy, Placement
+from jigsawrl.stages import Stage
 
 
 @register_policy("areal")
@@ -63,5 +64,5 @@ class ArealPolicy(DisaggregatedPolicy):
             seen = self._versions.get(pv.name, 0)
             self._versions[pv.name] = pv.steps_completed
             if pv.steps_completed > seen and not pv.finished:
-                out += [Interrupt(t.task_id) for t in pv.running if t.stage == ROLLOUT]
+                out += [Interrupt(t.task_id) for t in pv.running if t.stage == Stage.ROLLOUT]
         return out

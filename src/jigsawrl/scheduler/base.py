@@ -24,16 +24,18 @@ from typing import Any, Protocol
 from jigsawrl.config import PipelineSpec
 from jigsawrl.errors import ConfigError
 from jigsawrl.graph.predict import StepObservation
+from jigsawrl.stages import POST_ROLLOUT, Stage
 from jigsawrl.workload.accelerators import AcceleratorSpec
 from jigsawrl.workload.models import ModelSpec
 
-ROLLOUT = "rollout"
+# Kept for the driver and executors, which import it from here (the name is stages.Stage.ROLLOUT).
+ROLLOUT = Stage.ROLLOUT
 
 
-def stage_sequence(spec: PipelineSpec) -> tuple[str, ...]:
-    """The stages of one step in order (verl's order: gen, reward, old, ref, update, sync)."""
-    ref = ("ref_logprob",) if spec.use_ref else ()
-    return (ROLLOUT, "reward", "old_logprob", *ref, "actor_update", "weight_sync")
+def stage_sequence(spec: PipelineSpec) -> tuple[Stage, ...]:
+    """The stages of one step in order (verl's order: gen, reward, old, ref, update, sync; the
+    reference log-prob only with a reference model)."""
+    return (Stage.ROLLOUT, *(s for s in POST_ROLLOUT if spec.use_ref or s != Stage.REF_LOGPROB))
 
 
 def task_id(pipeline: str, step: int, stage: str) -> str:
@@ -187,7 +189,7 @@ class PipelineView:
             if nxt is None or (step, nxt) in running:
                 continue
             # Rollout of ``step`` needs the weights of step - 1 - eta: guaranteed by the range.
-            if nxt != ROLLOUT and step > first:
+            if nxt != Stage.ROLLOUT and step > first:
                 continue  # training of earlier steps first
             out.append((step, nxt))
         return out

@@ -44,7 +44,6 @@ from jigsawrl.errors import ConfigError
 from jigsawrl.graph.build import post_rollout_stages, rank_segments, split_ranks
 from jigsawrl.graph.predict import HistoryPredictor
 from jigsawrl.scheduler.base import (
-    ROLLOUT,
     Action,
     Decision,
     PipelineView,
@@ -61,8 +60,6 @@ from jigsawrl.scheduler.base import (
 )
 from jigsawrl.scheduler.forecast import FState, FWork, forecast
 from jigsawrl.scheduler.jigsaw_parts import (
-    COMPUTE,
-    HOST,
     MEM_HEADROOM,
     Board,
     Prediction,
@@ -75,6 +72,7 @@ from jigsawrl.scheduler.jigsaw_parts import (
 from jigsawrl.scheduler.jigsaw_tail import TailMigration
 from jigsawrl.scheduler.verl import MICRO_BATCH_TOKENS, pipeline_resident_bytes
 from jigsawrl.sim.rollout import RolloutInstance
+from jigsawrl.stages import HOST_STAGES, MODEL_PASSES, Stage
 from jigsawrl.workload.task_presets import TASKS
 
 
@@ -162,27 +160,27 @@ class JigsawPolicy(TailMigration, PolicyBase):
         everything = tuple(range(len(view.devices)))
         for pv in view.pipelines:  # first settle finished moves, so onloads below see them
             state = self._state.get(pv.name, "host")
-            moving = {t.stage for t in pv.running if t.stage in ("onload", "offload")}
-            if state == "loading" and "onload" not in moving:
+            moving = {t.stage for t in pv.running if t.stage in (Stage.ONLOAD, Stage.OFFLOAD)}
+            if state == "loading" and Stage.ONLOAD not in moving:
                 self._state[pv.name] = "device"
-            if state == "unloading" and "offload" not in moving:
+            if state == "unloading" and Stage.OFFLOAD not in moving:
                 self._state[pv.name] = "host"
                 actions.append(SetResident(pv.name, everything, 0.0))
                 for d in everything:
                     b.mem_free[d] += self._resident[pv.name]
         for pv in view.pipelines:
             state = self._state.get(pv.name, "host")
-            wants = any(stage in COMPUTE for _, stage in pv.ready())
+            wants = any(stage in MODEL_PASSES for _, stage in pv.ready())
             keep = len(view.pipelines) <= self.max_train_states  # every state fits: stay
             if state == "device" and not wants and not keep and not any(
-                    t.stage in COMPUTE for t in pv.running):
+                    t.stage in MODEL_PASSES for t in pv.running):
                 self._state[pv.name] = "unloading"
-                actions.append(StartStage(pv.name, pv.steps_completed, "offload", everything,
+                actions.append(StartStage(pv.name, pv.steps_completed, Stage.OFFLOAD, everything,
                                           share=0.0))
             elif state == "host" and wants and not pv.finished and self._can_onload(view, b, pv):
                 self._state[pv.name] = "loading"
                 actions.append(SetResident(pv.name, everything, self._resident[pv.name]))
-                actions.append(StartStage(pv.name, pv.steps_completed, "onload", everything,
+                actions.append(StartStage(pv.name, pv.steps_completed, Stage.ONLOAD, everything,
                                           share=0.0))
                 for d in everything:
                     b.mem_free[d] -= self._resident[pv.name]
@@ -206,10 +204,10 @@ class JigsawPolicy(TailMigration, PolicyBase):
         return b
 
     def _add_running(self, b: Board, t: RunningTask) -> None:
-        if t.stage in HOST:
+        if t.stage in HOST_STAGES:
             return
         b.pipe[t.task_id], b.stage[t.task_id] = t.pipeline, t.stage
-        if t.stage == ROLLOUT:
+        if t.stage == Stage.ROLLOUT:
             b.kind[t.task_id] = "memory"
             live = [r for r, s in enumerate(t.rank_shares) if s > 0]
             b.ranks[t.task_id] = [t.rank_devices[r] for r in live]
@@ -227,15 +225,15 @@ class JigsawPolicy(TailMigration, PolicyBase):
         ready = [(pv, step, stage) for pv in self._by_urgency(view) for step, stage in pv.ready()]
         starts: list[Action] = []
         for pv, step, stage in ready:
-            if stage in HOST:
-                devs = () if stage == "reward" else tuple(range(len(view.devices)))
+            if stage in HOST_STAGES:
+                devs = () if stage == Stage.REWARD else tuple(range(len(view.devices)))
                 starts.append(StartStage(pv.name, step, stage, devs, share=0.0))
-            elif stage == ROLLOUT:
+            elif stage == Stage.ROLLOUT:
                 start = self._rollout_start(view, b, pv, step)
                 if start is not None:
                     starts.append(start)
         compute = [(pv, step, stage) for pv, step, stage in ready
-                   if stage in COMPUTE and self._state.get(pv.name) == "device"]
+                   if stage in MODEL_PASSES and self._state.get(pv.name) == "device"]
         choice = self._pick_compute(view, b, compute)
         if choice is not None:
             starts.append(choice)
@@ -268,8 +266,8 @@ class JigsawPolicy(TailMigration, PolicyBase):
         groups.sort(key=lambda g: (max(self._mem_slots(b, d) for d in g), g))
         devs = sorted(d for g in groups[:want] for d in g)
         self._ensure_prediction(view, pv, step)
-        tid = task_id(pv.name, step, ROLLOUT)
-        b.kind[tid], b.pipe[tid], b.stage[tid] = "memory", pv.name, ROLLOUT
+        tid = task_id(pv.name, step, Stage.ROLLOUT)
+        b.kind[tid], b.pipe[tid], b.stage[tid] = "memory", pv.name, Stage.ROLLOUT
         b.ranks[tid] = [tuple(devs[i:i + tp]) for i in range(0, len(devs), tp)]
         b.rank_idx[tid] = list(range(len(b.ranks[tid])))
         for d in devs:
@@ -321,7 +319,7 @@ class JigsawPolicy(TailMigration, PolicyBase):
             return ()
         if self.max_train_states > 1:  # leave devices for the other pipelines' compute stages
             others = sum(1 for p in view.pipelines if not p.finished and p.name != pv.name
-                         and not any(t.stage in COMPUTE for t in p.running))
+                         and not any(t.stage in MODEL_PASSES for t in p.running))
             k = max(1, len(pool) // (1 + min(others, self.max_train_states - 1)))
             last = self._last_compute.get(pv.name, ())  # stay where its state went last time
             pool = tuple(sorted(sorted(pool, key=lambda d: (b.count(d), d not in last, d))[:k]))
@@ -331,7 +329,7 @@ class JigsawPolicy(TailMigration, PolicyBase):
             view.cost.activation_bytes(pv.model, MICRO_BATCH_TOKENS, max(1, len(free)))
         free_ok = free and all(b.mem_free[d] >= mem_sub + MEM_HEADROOM for d in free)
         share = self._compute_share_beside(view, b, pv)
-        rate_shared = 1.0 / view.cost.slowdown("actor_update", share, model=pv.model)
+        rate_shared = 1.0 / view.cost.slowdown(Stage.ACTOR_UPDATE, share, model=pv.model)
         k = len(pool)
         act = view.cost.activation_bytes(pv.model, MICRO_BATCH_TOKENS, k) + (
             view.cost.train_state_bytes(pv.model, k) - view.cost.train_state_bytes(pv.model, n))
@@ -373,10 +371,10 @@ class JigsawPolicy(TailMigration, PolicyBase):
             for stage in stage_sequence(pv.spec):
                 if stage in done:
                     continue
-                dur = pred.gen_s if stage == ROLLOUT else pred.stages_s.get(stage, 0.0)
-                kind = "memory" if stage == ROLLOUT else ("compute" if stage in COMPUTE else
+                dur = pred.gen_s if stage == Stage.ROLLOUT else pred.stages_s.get(stage, 0.0)
+                kind = "memory" if stage == Stage.ROLLOUT else ("compute" if stage in MODEL_PASSES else
                                                           "host")
-                w = FWork(pv.name, stage, kind, dur, stage == "weight_sync")
+                w = FWork(pv.name, stage, kind, dur, stage == Stage.WEIGHT_SYNC)
                 if stage in run:
                     w.remaining = max(0.05 * dur, dur - (view.now_s - run[stage].start_s))
                     running.append(w)
@@ -436,7 +434,7 @@ class JigsawPolicy(TailMigration, PolicyBase):
         """Weight × lateness of the current step against its predicted solo time × the share
         of all remaining work that is this pipeline's (the longest job gates the makespan)."""
         step = pv.steps_completed
-        starts = [t.start_s for t in pv.running if t.step == step and t.stage == ROLLOUT]
+        starts = [t.start_s for t in pv.running if t.step == step and t.stage == Stage.ROLLOUT]
         pred = self._pred.get((pv.name, step))
         if pred is None or pred.step_s <= 0:
             return pv.spec.latency_weight
@@ -463,7 +461,7 @@ class JigsawPolicy(TailMigration, PolicyBase):
         down: list[Action] = []
         up: list[Action] = []
         starts = [with_share(a, want) for a in starts]
-        started = {task_id(a.pipeline, a.step, ROLLOUT if isinstance(a, StartRollout)
+        started = {task_id(a.pipeline, a.step, Stage.ROLLOUT if isinstance(a, StartRollout)
                            else a.stage) for a in starts}
         for tid, shares in want.items():
             if tid in started or tid not in running:

@@ -11,7 +11,6 @@ from functools import lru_cache
 
 from jigsawrl.costmodel import SHARE_LEVELS
 from jigsawrl.scheduler.base import (
-    ROLLOUT,
     Action,
     Migrate,
     PipelineView,
@@ -20,10 +19,9 @@ from jigsawrl.scheduler.base import (
     View,
     task_id,
 )
+from jigsawrl.stages import MODEL_PASSES, Stage
 from jigsawrl.workload.task_presets import TASKS
 
-COMPUTE = frozenset({"old_logprob", "ref_logprob", "actor_update"})
-HOST = frozenset({"reward", "weight_sync", "onload", "offload"})
 MEM_HEADROOM = 2e9  # bytes per device kept free (allocator fragmentation, CUDA context)
 
 
@@ -73,10 +71,10 @@ def pack(busy: list[int], left: dict[int, int], keep: int, cap: int, tid: str,
 
 def with_share(a: Action, want: dict[str, dict[int, float]]) -> Action:
     if isinstance(a, StartRollout):
-        shares = want.get(task_id(a.pipeline, a.step, ROLLOUT), {})
+        shares = want.get(task_id(a.pipeline, a.step, Stage.ROLLOUT), {})
         s = min((shares[d] for d in a.devices if d in shares), default=1.0)
         return StartRollout(a.pipeline, a.step, a.devices, a.tp, s, a.kv_mem_bytes, a.dispatch)
-    if isinstance(a, StartStage) and a.stage in COMPUTE:
+    if isinstance(a, StartStage) and a.stage in MODEL_PASSES:
         shares = want.get(task_id(a.pipeline, a.step, a.stage), {})
         s = min(shares.values(), default=1.0)
         return StartStage(a.pipeline, a.step, a.stage, a.devices, s, a.mem_bytes)
@@ -87,8 +85,8 @@ def rollout_rate(view: View, pv: PipelineView, share: float) -> float:
     task = TASKS.get(pv.spec.task)
     prefill = 0.25 if task is not None and task.multi_turn else 0.05  # share of rollout time
     cost = view.cost
-    return (1 - prefill) / cost.slowdown("decode_small", share) + prefill / cost.slowdown(
-        "prefill", share)
+    return (1 - prefill) / cost.slowdown(Stage.DECODE_SMALL, share) + prefill / cost.slowdown(
+        Stage.PREFILL, share)
 
 
 def level_floor(x: float) -> float:
@@ -100,8 +98,8 @@ def slow_fn(view: View):  # noqa: ANN202
     cost = view.cost
 
     def slow(stage: str, share: float) -> float:
-        if stage == ROLLOUT:
-            stage = "decode_small"
+        if stage == Stage.ROLLOUT:
+            stage = Stage.DECODE_SMALL
         return cost.slowdown(stage, max(0.05, min(1.0, share)))
 
     return slow
@@ -124,7 +122,7 @@ def _best_split(_key: int, cost, model_name: str, n_mem: int) -> tuple[float, fl
         c = 1.0 - m * n_mem
         if c < 0.2 - 1e-9:
             continue
-        rate = 1.0 / cost.slowdown("actor_update", c) + n_mem / cost.slowdown("decode_small", m)
+        rate = 1.0 / cost.slowdown(Stage.ACTOR_UPDATE, c) + n_mem / cost.slowdown(Stage.DECODE_SMALL, m)
         if rate > best + 1e-12:
             best, arg = rate, (round(c, 6), m)
     return arg

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import math
 
-from jigsawrl.scheduler.base import ROLLOUT, Action, Migrate, PipelineView, RunningTask, View
-from jigsawrl.scheduler.jigsaw_parts import COMPUTE, Board, compute_split, pack
+from jigsawrl.scheduler.base import Action, Migrate, PipelineView, RunningTask, View
+from jigsawrl.scheduler.jigsaw_parts import Board, compute_split, pack
+from jigsawrl.stages import MODEL_PASSES, Stage
 
 
 class TailMigration:
@@ -31,7 +32,7 @@ class TailMigration:
         for pv in view.pipelines:
             per_rank = self._tail_capacity(view, pv)
             for t in pv.running:
-                if t.stage != ROLLOUT or t.task_id not in b.ranks:
+                if t.stage != Stage.ROLLOUT or t.task_id not in b.ranks:
                     continue
                 for act in self._tail_actions(view, pv, t, b, waiting, per_rank):
                     actions.append(act)
@@ -42,7 +43,7 @@ class TailMigration:
         """Is a compute-bound stage of another pipeline ready to start? Only then do freed
         devices have a taker (a running stage keeps its devices, so freeing more cannot help
         it): the benefit side of migration."""
-        return any(stage in COMPUTE and not any(b.kind.get(t) == "compute" for dev in b.dev
+        return any(stage in MODEL_PASSES and not any(b.kind.get(t) == "compute" for dev in b.dev
                                                 for t in dev)
                    for pv in view.pipelines for _, stage in pv.ready())
 
@@ -83,7 +84,7 @@ class TailMigration:
         n = len(view.devices)
         freed = n - keep * tp
         beside = compute_split(view, pv, 1, self.dynamic_shares)[0]
-        shared = 1.0 / cost.slowdown("actor_update", beside, model=m)
+        shared = 1.0 / cost.slowdown(Stage.ACTOR_UPDATE, beside, model=m)
         if freed / n <= shared:
             return False
         ctx = t.ctx_tokens_per_rank
@@ -108,11 +109,11 @@ class TailMigration:
 
     def _compute_gain(self, view: View, pv: PipelineView, alone: float, shared: float) -> float:
         """Seconds a ready compute stage of ``pv`` saves on freed devices vs shared ones."""
-        ready = [stage for _, stage in pv.ready() if stage in COMPUTE]
+        ready = [stage for _, stage in pv.ready() if stage in MODEL_PASSES]
         pred = self._pred.get((pv.name, pv.steps_completed))
         if not ready or pred is None:
             return 0.0
-        work = sum(pred.stages_s.get(s, 0.0) for s in COMPUTE)
+        work = sum(pred.stages_s.get(s, 0.0) for s in MODEL_PASSES)
         return work / shared - work / alone
 
     def _apply_migration(self, b: Board, m: Migrate) -> None:

@@ -39,7 +39,6 @@ from dataclasses import dataclass
 from jigsawrl.costmodel.slowdown import SHARE_LEVELS
 from jigsawrl.errors import ConfigError
 from jigsawrl.scheduler.base import (
-    ROLLOUT,
     Action,
     Decision,
     PipelineView,
@@ -53,12 +52,11 @@ from jigsawrl.scheduler.base import (
 )
 from jigsawrl.scheduler.verl import (
     MICRO_BATCH_TOKENS,
-    TRAIN_STAGES_WITH_ACTIVATIONS,
     pipeline_resident_bytes,
 )
+from jigsawrl.stages import MODEL_PASSES, Stage
 from jigsawrl.workload.experiment import DEFAULT_GPU_MEMORY_UTILIZATION
 
-REWARD = "reward"
 EPS = 1e-9
 
 
@@ -142,9 +140,9 @@ class MuxServePolicy(PolicyBase):
         rollouts: list[PipelineView] = []
         for pv in view.pipelines:
             for step, stage in pv.ready(force_sync=True):
-                if stage == REWARD:  # CPU, no device
+                if stage == Stage.REWARD:  # CPU, no device
                     actions.append(StartStage(pv.name, step, stage, (), share=0.0))
-                elif stage == ROLLOUT:
+                elif stage == Stage.ROLLOUT:
                     rollouts.append(pv)
                 elif (pv.name, step) not in self._train_q and (pv.name, step) != self._owner:
                     self._train_q.append((pv.name, step))
@@ -172,9 +170,9 @@ class MuxServePolicy(PolicyBase):
         if self._owner is not None:
             name, step = self._owner
             pv = pipes[name]
-            if any(t.stage not in (ROLLOUT, REWARD) for t in pv.running):
+            if any(t.stage not in (Stage.ROLLOUT, Stage.REWARD) for t in pv.running):
                 return []  # its current stage runs alone
-            todo = [st for s, st in pv.ready(force_sync=True) if s == step and st != ROLLOUT]
+            todo = [st for s, st in pv.ready(force_sync=True) if s == step and st != Stage.ROLLOUT]
             if not todo:  # weight sync done: its training is over
                 self._owner = None
         if self._owner is None:
@@ -183,15 +181,15 @@ class MuxServePolicy(PolicyBase):
             self._owner = self._train_q.pop(0)
         name, step = self._owner
         pv = pipes[name]
-        if any(t.stage == ROLLOUT for p in view.pipelines for t in p.running):
+        if any(t.stage == Stage.ROLLOUT for p in view.pipelines for t in p.running):
             return []  # wait for the running rollouts to drain the devices
-        stage = next((st for s, st in pv.ready(force_sync=True) if s == step and st != ROLLOUT),
-                     None)
+        stage = next((st for s, st in pv.ready(force_sync=True)
+                      if s == step and st != Stage.ROLLOUT), None)
         if stage is None:  # stale (its pipeline failed): hand the devices on
             self._owner = None
             return self._training(view)
         mem = 0.0
-        if stage in TRAIN_STAGES_WITH_ACTIVATIONS:
+        if stage in MODEL_PASSES:
             mem = view.cost.activation_bytes(pv.model, MICRO_BATCH_TOKENS, len(self._devs))
         return [StartStage(name, step, stage, self._devs, share=1.0, mem_bytes=mem)]
 
@@ -200,7 +198,7 @@ class MuxServePolicy(PolicyBase):
         """Start ready rollouts beside the running ones and re-share them all equally (also when
         one has ended)."""
         assert self.plan is not None
-        running = [t for p in view.pipelines for t in p.running if t.stage == ROLLOUT]
+        running = [t for p in view.pipelines for t in p.running if t.stage == Stage.ROLLOUT]
         start = ready[:max(0, MAX_CONCURRENT - len(running))]
         k = len(running) + len(start)
         if k == 0:
@@ -212,7 +210,7 @@ class MuxServePolicy(PolicyBase):
         live = [p for p in view.pipelines if not p.finished]
         kv = _kv_each(view, live, self.plan.engine_bytes)
         for pv in start:
-            step = next(s for s, st in pv.ready(force_sync=True) if st == ROLLOUT)
+            step = next(s for s, st in pv.ready(force_sync=True) if st == Stage.ROLLOUT)
             tp = pv.spec.rollout_tp
             devs = self._devs[:len(self._devs) // tp * tp]
             out.append(StartRollout(pv.name, step, devs, tp, share=share, kv_mem_bytes=kv))

@@ -55,7 +55,6 @@ from dataclasses import dataclass, field
 
 from jigsawrl.errors import ConfigError
 from jigsawrl.scheduler.base import (
-    ROLLOUT,
     Action,
     Decision,
     PipelineView,
@@ -68,16 +67,15 @@ from jigsawrl.scheduler.base import (
 )
 from jigsawrl.scheduler.verl import (
     MICRO_BATCH_TOKENS,
-    TRAIN_STAGES_WITH_ACTIVATIONS,
     pipeline_resident_bytes,
 )
+from jigsawrl.stages import MODEL_PASSES, Stage
 
 # Rollout fractions of the pool searched by ``rollmux``: 3/8 .. 7/8 of the devices (rollout
 # usually dominates a step; splits too small to train a model are infeasible and skipped).
 ROLLOUT_FRACTIONS: tuple[float, ...] = (0.375, 0.5, 0.625, 0.75, 0.875)
 # vLLM's default engine memory share; a dedicated rollout pool has nothing else to hold.
 ROLLOUT_POOL_GPU_MEMORY_UTILIZATION = 0.9
-REWARD = "reward"
 
 
 @dataclass(slots=True)
@@ -109,7 +107,7 @@ def _pop_ready(queue: list[tuple[str, int]], pipes: dict[str, PipelineView],
     """Drop stale entries (no longer ready) from the head of a FIFO; return the head, if any."""
     while queue:
         name, step = queue[0]
-        if any(s == step and (st == ROLLOUT) == rollout
+        if any(s == step and (st == Stage.ROLLOUT) == rollout
                for s, st in pipes[name].ready(force_sync=True)):
             return queue[0]
         queue.pop(0)
@@ -245,18 +243,18 @@ class RollMuxPolicy(PolicyBase):
         for pv in view.pipelines:
             for step, stage in pv.ready(force_sync=True):
                 key = (pv.name, step)
-                if stage == REWARD:
+                if stage == Stage.REWARD:
                     out.append(StartStage(pv.name, step, stage, (), share=0.0))
                     continue
-                queue = self._q.rollout if stage == ROLLOUT else self._q.train
-                if key not in queue and (stage == ROLLOUT or key != slot):
+                queue = self._q.rollout if stage == Stage.ROLLOUT else self._q.train
+                if key not in queue and (stage == Stage.ROLLOUT or key != slot):
                     queue.append(key)
         return out
 
     # ------------------------------------------------------------------ rollout pool
     def _rollout_pool(self, view: View, pipes: dict[str, PipelineView]) -> list[Action]:
         assert self.pools is not None
-        busy = any(t.stage == ROLLOUT for pv in view.pipelines for t in pv.running)
+        busy = any(t.stage == Stage.ROLLOUT for pv in view.pipelines for t in pv.running)
         head = _pop_ready(self._q.rollout, pipes, rollout=True)
         if busy or head is None:
             return []
@@ -278,14 +276,14 @@ class RollMuxPolicy(PolicyBase):
             self._slot = _TrainSlot(*self._q.train.pop(0))
             return self._onload(view, pipes)
         pv = pipes[self._slot.pipeline]
-        if any(t.stage not in (ROLLOUT, REWARD) for t in pv.running):
+        if any(t.stage not in (Stage.ROLLOUT, Stage.REWARD) for t in pv.running):
             return out  # the slot holder's current stage (or memory move) is still running
         if self._slot.offloading:  # offload done: the state is in host memory now
             out.append(SetResident(pv.name, self.pools.train, 0.0))
             self._slot = None
             return out + self._train_pool(view, pipes)
         todo = [(s, st) for s, st in pv.ready(force_sync=True)
-                if st != ROLLOUT and s == self._slot.step]
+                if st != Stage.ROLLOUT and s == self._slot.step]
         if todo:
             return out + [self._stage(view, pv, *todo[0])]
         return out + self._release(view, pv, pipes)
@@ -302,7 +300,7 @@ class RollMuxPolicy(PolicyBase):
         if pv.name not in self._started:  # the job's first load is start-up, not charged
             self._started.add(pv.name)
             return out + self._train_pool(view, pipes)
-        return out + [StartStage(pv.name, self._slot.step, "onload", train, share=0.0)]
+        return out + [StartStage(pv.name, self._slot.step, Stage.ONLOAD, train, share=0.0)]
 
     def _release(self, view: View, pv: PipelineView,
                  pipes: dict[str, PipelineView]) -> list[Action]:
@@ -310,7 +308,8 @@ class RollMuxPolicy(PolicyBase):
         assert self.pools is not None and self._slot is not None
         if not self.pools.all_resident and not pv.finished:
             self._slot.offloading = True
-            return [StartStage(pv.name, self._slot.step, "offload", self.pools.train, share=0.0)]
+            return [StartStage(pv.name, self._slot.step, Stage.OFFLOAD, self.pools.train,
+                               share=0.0)]
         out: list[Action] = []
         if not self.pools.all_resident:  # finished: its state is simply dropped
             out.append(SetResident(pv.name, self.pools.train, 0.0))
@@ -321,6 +320,6 @@ class RollMuxPolicy(PolicyBase):
         assert self.pools is not None
         train = self.pools.train
         mem = 0.0
-        if stage in TRAIN_STAGES_WITH_ACTIVATIONS:
+        if stage in MODEL_PASSES:
             mem = view.cost.activation_bytes(pv.model, MICRO_BATCH_TOKENS, len(train))
         return StartStage(pv.name, step, stage, train, mem_bytes=mem)

@@ -52,7 +52,6 @@ from typing import Literal
 
 from jigsawrl.errors import ConfigError
 from jigsawrl.scheduler.base import (
-    ROLLOUT,
     Action,
     Decision,
     PipelineView,
@@ -66,9 +65,9 @@ from jigsawrl.scheduler.base import (
 )
 from jigsawrl.scheduler.verl import (
     MICRO_BATCH_TOKENS,
-    TRAIN_STAGES_WITH_ACTIVATIONS,
     pipeline_resident_bytes,
 )
+from jigsawrl.stages import MODEL_PASSES, Stage
 
 # vLLM's default gpu_memory_utilization: what a user sets on a device dedicated to inference.
 ROLLOUT_MEM_FRACTION = 0.9
@@ -275,7 +274,7 @@ class DisaggregatedPolicy(PolicyBase):
     def _note_rollouts_done(self, view: View) -> None:
         for pv in view.pipelines:
             for step, stages in pv.done.items():
-                if ROLLOUT in stages:
+                if Stage.ROLLOUT in stages:
                     self._rollout_done_s.setdefault((pv.name, step), view.now_s)
 
     def _residency(self, view: View) -> list[Action]:
@@ -292,36 +291,38 @@ class DisaggregatedPolicy(PolicyBase):
                                        pipeline_resident_bytes(view.cost, pv, len(devs))))
         return out
 
-    def _groups(self, view: View, pool: str) -> dict[tuple[int, ...], list[PipelineView]]:
+    def _groups(self, view: View, train: bool) -> dict[tuple[int, ...], list[PipelineView]]:
+        """Pipelines by the device set of their training pool (``train``) or rollout pool."""
         out: dict[tuple[int, ...], list[PipelineView]] = defaultdict(list)
         for pv in view.pipelines:
-            out[getattr(self.pools(pv.name), pool)].append(pv)
+            pools = self.pools(pv.name)
+            out[pools.train if train else pools.rollout].append(pv)
         return out
 
     def _train_actions(self, view: View) -> list[Action]:
         """One training-side stage at a time per training pool, oldest finished rollout first."""
         out: list[Action] = []
-        for devs, pvs in self._groups(view, "train").items():
+        for devs, pvs in self._groups(view, train=True).items():
             # Rule-based reward runs on the controller's CPU (as under verl): no device, no wait.
             out += [StartStage(pv.name, step, stage, (), share=0.0) for pv in pvs
-                    for step, stage in pv.ready() if stage == "reward"]
-            if any(t.stage != ROLLOUT and t.devices for pv in pvs for t in pv.running):
+                    for step, stage in pv.ready() if stage == Stage.REWARD]
+            if any(t.stage != Stage.ROLLOUT and t.devices for pv in pvs for t in pv.running):
                 continue
             cands = [(self._rollout_done_s.get((pv.name, step), view.now_s), pv.index, step,
                       stage, pv) for pv in pvs for step, stage in pv.ready()
-                     if stage not in (ROLLOUT, "reward")]
+                     if stage not in (Stage.ROLLOUT, Stage.REWARD)]
             if not cands:
                 continue
             _, _, step, stage, pv = min(cands, key=lambda c: c[:4])
             mem = 0.0
-            if stage in TRAIN_STAGES_WITH_ACTIVATIONS:
+            if stage in MODEL_PASSES:
                 mem = view.cost.activation_bytes(pv.model, MICRO_BATCH_TOKENS, len(devs))
             out.append(StartStage(pv.name, step, stage, devs, mem_bytes=mem))
         return out
 
     def _rollout_actions(self, view: View) -> list[Action]:
         out: list[Action] = []
-        for devs, pvs in self._groups(view, "rollout").items():
+        for devs, pvs in self._groups(view, train=False).items():
             out += self._rollout_group(view, devs, pvs)
         return out
 
@@ -332,8 +333,8 @@ class DisaggregatedPolicy(PolicyBase):
         Pipelines take turns on a shared pool: a pipeline may add rollouts only while no other
         pipeline waits; otherwise its running rollouts drain and the pool is handed over.
         """
-        running = [t for pv in pvs for t in pv.running if t.stage == ROLLOUT]
-        waiting = {pv.name: [s for s, st in pv.ready() if st == ROLLOUT] for pv in pvs}
+        running = [t for pv in pvs for t in pv.running if t.stage == Stage.ROLLOUT]
+        waiting = {pv.name: [s for s, st in pv.ready() if st == Stage.ROLLOUT] for pv in pvs}
         waiting = {k: v for k, v in waiting.items() if v}
         owner = running[0].pipeline if running else None
         if owner is None and waiting:

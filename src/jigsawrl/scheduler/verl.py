@@ -23,7 +23,6 @@ from typing import Literal
 
 from jigsawrl.errors import ConfigError
 from jigsawrl.scheduler.base import (
-    ROLLOUT,
     Action,
     Decision,
     PipelineView,
@@ -34,11 +33,11 @@ from jigsawrl.scheduler.base import (
     View,
     register_policy,
 )
+from jigsawrl.stages import MODEL_PASSES, Stage
 from jigsawrl.workload.experiment import DEFAULT_GPU_MEMORY_UTILIZATION
 
 # verl's dynamic batch size default for the actor: ppo_max_token_len_per_gpu = 16384.
 MICRO_BATCH_TOKENS = 16384
-TRAIN_STAGES_WITH_ACTIVATIONS = ("old_logprob", "ref_logprob", "actor_update")
 
 
 def pipeline_resident_bytes(cost, pv: PipelineView, n_devices: int) -> float:  # noqa: ANN001
@@ -153,17 +152,17 @@ class VerlPolicy(PolicyBase):
     def _start(self, view: View, pv: PipelineView, step: int, stage: str,
                devs: tuple[int, ...]) -> StartRollout | StartStage:
         cost = view.cost
-        if stage == ROLLOUT:
+        if stage == Stage.ROLLOUT:
             hbm = view.accelerator.hbm_bytes
             resident = self._resident(view, pv, devs)
             weights = cost.rollout_weight_bytes(pv.model, pv.spec.rollout_tp)
             engine = min(self.gpu_memory_utilization * hbm, hbm - resident)
             return StartRollout(pv.name, step, devs, pv.spec.rollout_tp,
                                 kv_mem_bytes=max(0.0, engine - weights))
-        if stage == "reward":  # rule-based reward runs on the controller's CPU; devices idle
+        if stage == Stage.REWARD:  # rule-based reward runs on the controller's CPU; devices idle
             return StartStage(pv.name, step, stage, (), share=0.0)
         mem = 0.0
-        if stage in TRAIN_STAGES_WITH_ACTIVATIONS:
+        if stage in MODEL_PASSES:
             mem = cost.activation_bytes(pv.model, MICRO_BATCH_TOKENS, len(devs))
         return StartStage(pv.name, step, stage, devs, mem_bytes=mem)
 
