@@ -57,6 +57,7 @@ from jigsawrl.costmodel.profile import PROFILE_VERSION, cost_inputs
 from jigsawrl.costmodel.roofline import CostParams, prefill_flops
 from jigsawrl.costmodel.train_cost import ADAM_BYTES_PER_PARAM
 from jigsawrl.errors import ConfigError
+from jigsawrl.stages import Stage
 from jigsawrl.workload.models import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -199,7 +200,7 @@ def fit_params(model: ModelSpec, raw_by_threads: dict[int, dict[str, Any]]) -> d
     lp_s_per_token, lp_over = pass_line(raw, "logprob", 0.0)
     tr_s_per_token, tr_over = pass_line(raw, "train", adam)
     rates = {
-        "prefill": prefill_rate(model, raw["prefill"], fit),
+        "prefill": prefill_rate(model, raw[Stage.PREFILL], fit),
         "decode": 1.0 / fit.s_per_flop if fit.s_per_flop > 0 else 0.0,
         "logprob": 2.0 * p / lp_s_per_token,
         "train": 6.0 * p / tr_s_per_token,
@@ -214,7 +215,7 @@ def fit_params(model: ModelSpec, raw_by_threads: dict[int, dict[str, Any]]) -> d
         "hbm_bw_eff": 1.0, "logprob_eff": rates["logprob"] / peak,
         "train_eff": rates["train"] / peak, "iter_overhead_s": fit.overhead_s,
         "iter_overhead_per_seq_s": fit.per_seq_s,
-        "weight_sync_overhead_s": max(raw["weight_sync"]["time_s"] - load, 0.0),
+        "weight_sync_overhead_s": max(raw[Stage.WEIGHT_SYNC]["time_s"] - load, 0.0),
         "logprob_overhead_s": lp_over, "train_overhead_s": tr_over,
         "train_pads_rows": True,  # the trainer profiled here pads each micro-batch's rows
     }
@@ -271,11 +272,11 @@ def _stage_times(raw: dict[str, Any]) -> dict[str, float]:
     dec = raw["decode"]
     small = min(dec, key=lambda q: (q["batch"], q["ctx_tokens"]))
     large = max(dec, key=lambda q: (q["batch"], q["ctx_tokens"]))
-    pre = max(raw["prefill"], key=lambda q: q["tokens"])
-    return {"prefill": pre["time_s"], "decode_small": small["time_s"],
-            "decode_large": large["time_s"], "old_logprob": raw["logprob"]["time_s"],
-            "ref_logprob": raw["logprob"]["time_s"], "actor_update": raw["train"]["time_s"],
-            "weight_sync": raw["weight_sync"]["time_s"]}
+    pre = max(raw[Stage.PREFILL], key=lambda q: q["tokens"])
+    return {Stage.PREFILL: pre["time_s"], Stage.DECODE_SMALL: small["time_s"],
+            Stage.DECODE_LARGE: large["time_s"], Stage.OLD_LOGPROB: raw["logprob"]["time_s"],
+            Stage.REF_LOGPROB: raw["logprob"]["time_s"], Stage.ACTOR_UPDATE: raw["train"]["time_s"],
+            Stage.WEIGHT_SYNC: raw[Stage.WEIGHT_SYNC]["time_s"]}
 
 
 def slowdown_table(raw_by_threads: dict[int, dict[str, Any]]) -> dict[str, dict[float, float]]:
