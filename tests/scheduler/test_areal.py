@@ -9,8 +9,9 @@ from jigsawrl.errors import ConfigError
 from jigsawrl.events import Span
 from jigsawrl.experiments.simulated import simulate
 from jigsawrl.scheduler.areal import ArealPolicy
-from jigsawrl.scheduler.base import Interrupt, RunningTask, SetShare, StartRollout
+from jigsawrl.scheduler.base import Interrupt, RunningTask, SetShare, StartRollout, task_id
 from jigsawrl.stages import ROLLOUT_BANDS as ROLLOUT_STAGES
+from jigsawrl.stages import Stage
 
 
 def reprefills(spans: list[Span]) -> list[Span]:
@@ -21,15 +22,15 @@ def reprefills(spans: list[Span]) -> list[Span]:
         if s.stage in ROLLOUT_STAGES:
             key = (s.pipeline, s.step)
             first[key] = min(first.get(key, s.start_s), s.start_s)
-    syncs = {(s.pipeline, s.end_s) for s in spans if s.stage == "weight_sync"}
-    return [s for s in spans if s.stage == "prefill" and (s.pipeline, s.end_s) not in syncs
+    syncs = {(s.pipeline, s.end_s) for s in spans if s.stage == Stage.WEIGHT_SYNC}
+    return [s for s in spans if s.stage == Stage.PREFILL and (s.pipeline, s.end_s) not in syncs
             and any(p == s.pipeline and abs(t - s.start_s) < 1e-9 for p, t in syncs)
             and first[(s.pipeline, s.step)] < s.start_s - 1e-9]
 
 
 def in_flight_together(spans: list[Span]) -> bool:
     """Rollouts of two different steps of one pipeline generate at the same time."""
-    roll = [s for s in spans if s.stage in ROLLOUT_STAGES and s.stage != "tool_wait"]
+    roll = [s for s in spans if s.stage in ROLLOUT_STAGES and s.stage != Stage.TOOL_WAIT]
     return any(a.pipeline == b.pipeline and a.step < b.step and a.start_s < b.end_s
                and b.start_s < a.end_s for a in roll for b in roll)
 
@@ -75,9 +76,10 @@ def test_areal_decision_on_hand_built_view() -> None:
     # Step 0's weights are synced while step 1 still generates alone at full share: interrupt it
     # (resume on the new weights), admit step 2, and halve step 1's share first (so that it
     # re-prefills at its new share) before step 2 starts.
-    running = {"p0": (RunningTask("p0/1/rollout", "p0", 1, "rollout", (0, 1), 1.0, 0.0),)}
+    gen1 = task_id("p0", 1, Stage.ROLLOUT)
+    running = {"p0": (RunningTask(gen1, "p0", 1, Stage.ROLLOUT, (0, 1), 1.0, 0.0),)}
     acts = [a for a in pol.decide(tiny_view(cfg, steps_completed=1, running=running)).actions
             if getattr(a, "pipeline", None) == "p0" or getattr(a, "task_id", "").startswith("p0")]
     kinds = [(type(a).__name__, getattr(a, "step", None)) for a in acts]
     assert kinds == [("SetShare", None), ("Interrupt", None), ("StartRollout", 2)]
-    assert acts[0] == SetShare("p0/1/rollout", 0.5) and acts[1] == Interrupt("p0/1/rollout")
+    assert acts[0] == SetShare(gen1, 0.5) and acts[1] == Interrupt(gen1)

@@ -12,9 +12,10 @@ from jigsawrl.events import SampleFinished, Span, StepFinished
 from jigsawrl.experiments.resolve import resolve
 from jigsawrl.experiments.simulated import make_cost, run_once
 from jigsawrl.scheduler import Decision, Migrate, SetResident, StartRollout, StartStage, get_policy
-from jigsawrl.scheduler.base import PolicyBase, RunningTask
+from jigsawrl.scheduler.base import PolicyBase, RunningTask, task_id
 from jigsawrl.scheduler.jigsaw import JigsawPolicy
 from jigsawrl.scheduler.jigsaw_parts import pack
+from jigsawrl.stages import MODEL_PASSES, Stage
 
 
 def cfg(n: int = 2, devices: int = 4, steps: int = 2, batch: int = 16, task: str = "gsm8k",
@@ -61,14 +62,15 @@ def test_tail_is_packed_and_compute_waits_for_onload() -> None:
     pol = JigsawPolicy(depth=1)
     pol.decide(st.view(0.0, cost))  # placement
     ranks = tuple((d,) for d in range(4))
-    roll = RunningTask("p0/0/rollout", "p0", 0, "rollout", (0, 1, 2, 3), 1.0, 0.0,
+    roll = RunningTask(task_id("p0", 0, Stage.ROLLOUT), "p0", 0, Stage.ROLLOUT, (0, 1, 2, 3),
+                       1.0, 0.0,
                        unfinished_per_rank=(0, 3, 0, 1), rank_devices=ranks,
                        rank_shares=(1.0,) * 4, ctx_tokens_per_rank=(0, 3000, 0, 900))
     st.pipes["p0"].running[roll.task_id] = roll
     st.pipes["p0"].unfinished[roll.task_id] = [0, 3, 0, 1]
     st.pipes["p0"].ctx_tokens[roll.task_id] = [0, 3000, 0, 900]
     st.acquire(roll.task_id, (0, 1, 2, 3), 1.0, 1e9)
-    st.pipes["p1"].done[0] = {"rollout", "reward"}  # p1 wants its old log-probs
+    st.pipes["p1"].done[0] = {Stage.ROLLOUT, Stage.REWARD}  # p1 wants its old log-probs
     st.pipes["p0"].touch()
     st.pipes["p1"].touch()
     d = pol.decide(st.view(100.0, cost))
@@ -76,9 +78,9 @@ def test_tail_is_packed_and_compute_waits_for_onload() -> None:
     assert migrations, d.actions
     moved = {r for m in migrations for r in m.src_ranks}
     assert 1 not in moved and {0, 2} <= moved  # the fullest rank keeps its KV; idle ones freed
-    onload = [a for a in d.actions if isinstance(a, StartStage) and a.stage == "onload"]
+    onload = [a for a in d.actions if isinstance(a, StartStage) and a.stage == Stage.ONLOAD]
     assert [a.pipeline for a in onload] == ["p1"]
-    assert not any(isinstance(a, StartStage) and a.stage == "old_logprob" for a in d.actions)
+    assert not any(isinstance(a, StartStage) and a.stage == Stage.OLD_LOGPROB for a in d.actions)
 
 
 def test_pack_respects_capacity() -> None:
@@ -176,7 +178,7 @@ def test_several_train_states_run_compute_stages_side_by_side() -> None:
             "pipelines.0.steps=3", "pipelines.1.steps=3"])
         run = simulate(cfg, solo=False)
         spans = [e for e in run.events if isinstance(e, Span)
-                 and e.stage in ("old_logprob", "ref_logprob", "actor_update")]
+                 and e.stage in MODEL_PASSES]
         return any(a.pipeline != b.pipeline and a.start_s < b.end_s and b.start_s < a.end_s
                    and not set(a.devices) & set(b.devices) for a in spans for b in spans)
 

@@ -7,11 +7,19 @@ from test_rollmux import check_run, make_cfg, overlaps, run, spans_of, tiny_view
 
 from jigsawrl.costmodel.slowdown import SHARE_LEVELS
 from jigsawrl.errors import ConfigError
-from jigsawrl.scheduler.base import RunningTask, SetResident, SetShare, StartRollout, StartStage
+from jigsawrl.scheduler.base import (
+    RunningTask,
+    SetResident,
+    SetShare,
+    StartRollout,
+    StartStage,
+    task_id,
+)
 from jigsawrl.scheduler.muxserve import MAX_CONCURRENT, MuxServePolicy, equal_share
+from jigsawrl.stages import MODEL_PASSES, Stage
 from jigsawrl.stages import ROLLOUT_BANDS as ROLLOUT_STAGES
 
-TRAIN_ON_DEVICES = ("old_logprob", "ref_logprob", "actor_update", "weight_sync")
+TRAIN_ON_DEVICES = MODEL_PASSES | {Stage.WEIGHT_SYNC}
 
 
 @pytest.mark.parametrize("models,devices,task", [
@@ -35,7 +43,7 @@ def test_rollouts_multiplex_and_training_runs_alone(models: tuple[str, ...], dev
         for o in spans:
             if o is not t and set(o.devices) & set(t.devices):
                 assert not overlaps(o, t), (t, o)
-    assert all(not s.devices for s in spans if s.stage == "reward")  # on the CPU
+    assert all(not s.devices for s in spans if s.stage == Stage.REWARD)  # on the CPU
 
 
 def test_equal_shares_come_from_the_cost_model_levels() -> None:
@@ -60,12 +68,13 @@ def test_decide_reshares_and_serialises_training() -> None:
                                                                     ("p1", (0, 1), 0.5)]
     # p0's rollout ended and its reward is done: p1 gets the whole devices back, p0's training
     # waits for p1's rollout to drain.
-    p1_roll = RunningTask("p1/0/rollout", "p1", 0, "rollout", (0, 1), 0.5, 0.0)
-    acts = policy.decide(tiny_view(cfg, {"p0": {0: {"rollout", "reward"}}}, {"p1": [p1_roll]}))
-    assert acts.actions == (SetShare("p1/0/rollout", 1.0),)
+    p1_roll = RunningTask(task_id("p1", 0, Stage.ROLLOUT), "p1", 0, Stage.ROLLOUT, (0, 1), 0.5, 0.0)
+    acts = policy.decide(tiny_view(cfg, {"p0": {0: {Stage.ROLLOUT, Stage.REWARD}}},
+                                   {"p1": [p1_roll]}))
+    assert acts.actions == (SetShare(task_id("p1", 0, Stage.ROLLOUT), 1.0),)
     # p1's rollout ended too: p0's training runs alone; p1's reward runs on the CPU meanwhile.
-    acts = policy.decide(tiny_view(cfg, {"p0": {0: {"rollout", "reward"}},
-                                         "p1": {0: {"rollout"}}}))
+    acts = policy.decide(tiny_view(cfg, {"p0": {0: {Stage.ROLLOUT, Stage.REWARD}},
+                                         "p1": {0: {Stage.ROLLOUT}}}))
     stages = {(a.pipeline, a.stage, a.devices, a.share) for a in acts.actions
               if isinstance(a, StartStage)}
-    assert stages == {("p0", "old_logprob", (0, 1), 1.0), ("p1", "reward", (), 0.0)}
+    assert stages == {("p0", Stage.OLD_LOGPROB, (0, 1), 1.0), ("p1", Stage.REWARD, (), 0.0)}

@@ -24,12 +24,14 @@ from jigsawrl.scheduler.base import (
     StartRollout,
     StartStage,
     View,
+    task_id,
 )
 from jigsawrl.scheduler.rollmux import ROLLOUT_FRACTIONS, RollMuxPolicy, split_pools
+from jigsawrl.stages import HOST_STAGES, MODEL_PASSES, Stage
 from jigsawrl.stages import ROLLOUT_BANDS as ROLLOUT_STAGES
 
 STEPS = 2
-GPU_STAGES = ("old_logprob", "ref_logprob", "actor_update", "weight_sync", "onload", "offload")
+GPU_STAGES = MODEL_PASSES | (HOST_STAGES - {Stage.REWARD})  # the reward runs on the CPU
 
 
 def make_cfg(models: Sequence[str], devices: int, task: str = "gsm8k", batch: int = 6,
@@ -88,7 +90,7 @@ def tiny_view(cfg: ExperimentConfig, done: Mapping[str, Mapping[int, set[str]]],
 
 
 def phase_of(s: Span) -> str:
-    return "rollout" if s.stage in ROLLOUT_STAGES else s.stage
+    return Stage.ROLLOUT if s.stage in ROLLOUT_STAGES else s.stage
 
 
 @pytest.mark.parametrize("models,devices,task,fraction", [
@@ -121,7 +123,7 @@ def test_states_move_through_host_memory_only_when_they_do_not_all_fit() -> None
     policy = RollMuxPolicy(0.5)
     spans = spans_of(run(crowded, policy))
     assert policy.pools is not None and not policy.pools.all_resident
-    for stage in ("onload", "offload"):
+    for stage in (Stage.ONLOAD, Stage.OFFLOAD):
         moved = Counter(s.pipeline for s in spans if s.stage == stage)
         # onload before each training phase but the first (start-up), offload after all but
         # the last
@@ -129,15 +131,15 @@ def test_states_move_through_host_memory_only_when_they_do_not_all_fit() -> None
         assert moved == {f"p{i}": want for i in range(3)}, stage
     by_key = {(s.pipeline, s.step, phase_of(s)): s for s in spans}
     for (pipe, step, phase), s in by_key.items():
-        if phase == "onload":
-            assert s.end_s <= by_key[(pipe, step, "old_logprob")].start_s + 1e-9
-        if phase == "offload":
-            assert s.start_s >= by_key[(pipe, step, "weight_sync")].end_s - 1e-9
+        if phase == Stage.ONLOAD:
+            assert s.end_s <= by_key[(pipe, step, Stage.OLD_LOGPROB)].start_s + 1e-9
+        if phase == Stage.OFFLOAD:
+            assert s.start_s >= by_key[(pipe, step, Stage.WEIGHT_SYNC)].end_s - 1e-9
     # Two small models fit together: no transfers at all.
     roomy = RollMuxPolicy(0.5)
     spans = spans_of(run(make_cfg(("qwen3-0.6b",) * 2, 4), roomy))
     assert roomy.pools is not None and roomy.pools.all_resident
-    assert not [s for s in spans if s.stage in ("onload", "offload")]
+    assert not [s for s in spans if s.stage in (Stage.ONLOAD, Stage.OFFLOAD)]
 
 
 def test_split_search_is_reported() -> None:
@@ -178,10 +180,11 @@ def test_decide_on_a_hand_built_view() -> None:
     assert starts == [StartRollout("p0", 0, (0, 1), 1, kv_mem_bytes=starts[0].kv_mem_bytes)]
     assert starts[0].kv_mem_bytes > 0
     # p0's rollout ended (reward on the CPU next), p1 now rolls out on the rollout pool.
-    p1_roll = RunningTask("p1/0/rollout", "p1", 0, "rollout", (0, 1), 1.0, 1.0)
-    acts = policy.decide(tiny_view(cfg, {"p0": {0: {"rollout"}}}, {"p1": [p1_roll]}))
-    assert acts.actions == (StartStage("p0", 0, "reward", (), share=0.0),)
-    acts = policy.decide(tiny_view(cfg, {"p0": {0: {"rollout", "reward"}}}, {"p1": [p1_roll]}))
+    p1_roll = RunningTask(task_id("p1", 0, Stage.ROLLOUT), "p1", 0, Stage.ROLLOUT, (0, 1), 1.0, 1.0)
+    acts = policy.decide(tiny_view(cfg, {"p0": {0: {Stage.ROLLOUT}}}, {"p1": [p1_roll]}))
+    assert acts.actions == (StartStage("p0", 0, Stage.REWARD, (), share=0.0),)
+    acts = policy.decide(tiny_view(cfg, {"p0": {0: {Stage.ROLLOUT, Stage.REWARD}}},
+                                   {"p1": [p1_roll]}))
     (start,) = acts.actions
     assert isinstance(start, StartStage)
-    assert (start.pipeline, start.stage, start.devices) == ("p0", "old_logprob", (2, 3))
+    assert (start.pipeline, start.stage, start.devices) == ("p0", Stage.OLD_LOGPROB, (2, 3))

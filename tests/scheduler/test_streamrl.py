@@ -24,8 +24,10 @@ from jigsawrl.scheduler.base import (
     StartRollout,
     StartStage,
     View,
+    task_id,
 )
 from jigsawrl.scheduler.streamrl import StreamRLPolicy, shared_plans, split_plans
+from jigsawrl.stages import MODEL_PASSES, Stage
 from jigsawrl.stages import POST_ROLLOUT as TRAIN_STAGES
 from jigsawrl.stages import ROLLOUT_BANDS as ROLLOUT_STAGES
 
@@ -73,7 +75,7 @@ def check_staleness(spans: list[Span], eta: dict[str, int]) -> None:
     first: dict[tuple[str, int], float] = {}
     for s in spans:
         key = (s.pipeline, s.step)
-        if s.stage == "weight_sync":
+        if s.stage == Stage.WEIGHT_SYNC:
             sync_end[key] = max(sync_end.get(key, 0.0), s.end_s)
         elif s.stage in ROLLOUT_STAGES:
             first[key] = min(first.get(key, s.start_s), s.start_s)
@@ -93,8 +95,8 @@ def check_pools_disjoint(spans: list[Span]) -> tuple[set[int], set[int]]:
 def overlaps(spans: list[Span], same_pipeline: bool = True) -> bool:
     """Some rollout span of step k+1 overlaps a training span of step k of the same pipeline
     (or, with ``same_pipeline=False``, any rollout span overlaps any training span)."""
-    roll = [s for s in spans if s.stage in ROLLOUT_STAGES and s.stage != "tool_wait"]
-    train = [s for s in spans if s.stage in ("old_logprob", "ref_logprob", "actor_update")]
+    roll = [s for s in spans if s.stage in ROLLOUT_STAGES and s.stage != Stage.TOOL_WAIT]
+    train = [s for s in spans if s.stage in MODEL_PASSES]
     return any((not same_pipeline or (r.pipeline == t.pipeline and r.step == t.step + 1))
                and r.start_s < t.end_s and t.start_s < r.end_s for r in roll for t in train)
 
@@ -186,12 +188,14 @@ def test_streamrl_decision_on_hand_built_view() -> None:
     # p0's rollout of step 0 is done: its reward runs on the CPU and the rollout of step 1 (one
     # step stale) starts on the rollout pool; then the log-probs take the training pool while
     # step 1 generates — the async overlap.
-    nxt = pol.decide(tiny_view(cfg, done={0: frozenset({"rollout"})})).actions
+    nxt = pol.decide(tiny_view(cfg, done={0: frozenset({Stage.ROLLOUT})})).actions
     p0 = [a for a in nxt if getattr(a, "pipeline", None) == "p0"]
-    assert StartStage("p0", 0, "reward", (), share=0.0) in p0
+    assert StartStage("p0", 0, Stage.REWARD, (), share=0.0) in p0
     assert any(isinstance(a, StartRollout) and a.step == 1 and a.devices == (0, 1) for a in p0)
-    gen1 = {"p0": (RunningTask("p0/1/rollout", "p0", 1, "rollout", (0, 1), 1.0, 5.0),)}
-    later = pol.decide(tiny_view(cfg, done={0: frozenset({"rollout", "reward"})}, running=gen1))
+    gen1 = {"p0": (RunningTask(task_id("p0", 1, Stage.ROLLOUT), "p0", 1, Stage.ROLLOUT, (0, 1),
+                               1.0, 5.0),)}
+    later = pol.decide(tiny_view(cfg, done={0: frozenset({Stage.ROLLOUT, Stage.REWARD})},
+                                 running=gen1))
     p0 = [a for a in later.actions if getattr(a, "pipeline", None) == "p0"]
-    assert len(p0) == 1 and p0[0].stage == "old_logprob" and p0[0].devices == (2, 3)
+    assert len(p0) == 1 and p0[0].stage == Stage.OLD_LOGPROB and p0[0].devices == (2, 3)
     assert p0[0].mem_bytes > 0  # activations of a micro-batch
