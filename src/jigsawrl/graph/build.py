@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from jigsawrl.costmodel.protocol import CostModelProtocol
 from jigsawrl.graph.substage import SubStageGraph, SubStageNode
 from jigsawrl.sim.rollout import ReqRun, RolloutInstance
+from jigsawrl.stages import Stage
 from jigsawrl.workload.models import ModelSpec
 from jigsawrl.workload.requests import RequestTruth
 
@@ -57,7 +58,7 @@ def rank_segments(inst: RolloutInstance) -> list[tuple[str, float, float, int]]:
         seg = inst.next_segment(t, 1.0)
         if seg is None:
             nxt = tools[0][0]
-            out.append(("tool_wait", t, nxt, 0))
+            out.append((Stage.TOOL_WAIT, t, nxt, 0))
             t = nxt
             continue
         end = t + seg.duration_s
@@ -122,12 +123,12 @@ def post_rollout_stages(cost: CostModelProtocol, model: ModelSpec, n: int, token
                         rollout_tp: int = 1) -> dict[str, float]:
     """Full-share durations of a step's post-rollout stages on ``n`` training devices, in
     verl's order (reward on the CPU, old / ref log-probs, update, weight sync)."""
-    out = {"reward": cost.reward_time_s(samples),
-           "old_logprob": cost.logprob_time_s(model, n, tokens)}
+    out = {Stage.REWARD: cost.reward_time_s(samples),
+           Stage.OLD_LOGPROB: cost.logprob_time_s(model, n, tokens)}
     if use_ref:
-        out["ref_logprob"] = cost.logprob_time_s(model, n, tokens)
-    out["actor_update"] = ppo_epochs * cost.train_time_s(model, n, tokens)
-    out["weight_sync"] = cost.weight_sync_time_s(model, n, rollout_tp)
+        out[Stage.REF_LOGPROB] = cost.logprob_time_s(model, n, tokens)
+    out[Stage.ACTOR_UPDATE] = ppo_epochs * cost.train_time_s(model, n, tokens)
+    out[Stage.WEIGHT_SYNC] = cost.weight_sync_time_s(model, n, rollout_tp)
     return out
 
 
@@ -149,10 +150,10 @@ def chain_steps(graphs: list[SubStageGraph], staleness: int = 0) -> SubStageGrap
             continue
         dep = k - 1 - staleness
         if dep >= 0:
-            sync = _stage_node(graphs[dep], "weight_sync")
+            sync = _stage_node(graphs[dep], Stage.WEIGHT_SYNC)
             for src in sg.sources():
                 g.add_edge(sync, src)
-        g.add_edge(_stage_node(graphs[k - 1], "actor_update"), _stage_node(sg, "reward"))
+        g.add_edge(_stage_node(graphs[k - 1], Stage.ACTOR_UPDATE), _stage_node(sg, Stage.REWARD))
     return g
 
 

@@ -13,11 +13,14 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-BOUNDNESS = {
-    "prefill": "compute", "decode_large": "compute", "decode_medium": "memory",
-    "decode_small": "memory", "tool_wait": "idle", "reward": "host", "old_logprob": "compute",
-    "ref_logprob": "compute", "actor_update": "compute", "weight_sync": "host",
-    "offload": "host", "onload": "host", "migrate": "compute",
+from jigsawrl.stages import Stage
+
+BOUNDNESS: dict[Stage, str] = {
+    Stage.PREFILL: "compute", Stage.DECODE_LARGE: "compute", Stage.DECODE_MEDIUM: "memory",
+    Stage.DECODE_SMALL: "memory", Stage.TOOL_WAIT: "idle", Stage.REWARD: "host",
+    Stage.OLD_LOGPROB: "compute", Stage.REF_LOGPROB: "compute", Stage.ACTOR_UPDATE: "compute",
+    Stage.WEIGHT_SYNC: "host", Stage.OFFLOAD: "host", Stage.ONLOAD: "host",
+    Stage.MIGRATE: "compute",
 }
 
 

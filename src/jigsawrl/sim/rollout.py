@@ -21,8 +21,9 @@ Model of the engine (vLLM-like; simplifications say so):
 - Requests can be exported mid-flight (:meth:`export_unfinished`) and added to another instance,
   which re-prefills prompt + generated tokens (the migration cost of JigsawRL's sub-stage merging).
 
-Sub-stage of a decode segment by tokens per iteration (= batch): ``decode_large`` ≥ 1024,
-``decode_medium`` in [128, 1024), ``decode_small`` < 128 (the paper's bands).
+Sub-stage of a decode segment by tokens per iteration (= batch):
+:func:`jigsawrl.stages.decode_band` (``decode_large`` from ``DECODE_LARGE_MIN_TOKENS``,
+``decode_medium`` from ``DECODE_MEDIUM_MIN_TOKENS``, ``decode_small`` below: the paper's bands).
 """
 
 from __future__ import annotations
@@ -34,20 +35,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from jigsawrl.costmodel.protocol import CostModelProtocol
+from jigsawrl.stages import Stage, decode_band
 from jigsawrl.workload.models import ModelSpec
 from jigsawrl.workload.requests import RequestTruth
 
-BAND_LARGE = 1024
-BAND_SMALL = 128
-
-
-def decode_band(tokens_per_iter: int) -> str:
-    """The paper's sub-stage band for a decode iteration processing ``tokens_per_iter`` tokens."""
-    if tokens_per_iter >= BAND_LARGE:
-        return "decode_large"
-    if tokens_per_iter >= BAND_SMALL:
-        return "decode_medium"
-    return "decode_small"
+# ``decode_band`` is re-exported for executors/raycluster/executor.py (import it from
+# jigsawrl.stages instead).
+__all__ = ["ReqRun", "RolloutInstance", "Segment", "SegmentResult", "decode_band"]
 
 
 @dataclass(slots=True, eq=False)
@@ -78,7 +72,7 @@ class ReqRun:
 class Segment:
     """A stretch of constant work on the instance: a prefill, a decode run, or idle tool wait."""
 
-    kind: str
+    kind: Stage
     start_s: float
     duration_s: float
     iters: int = 0
@@ -210,7 +204,7 @@ class RolloutInstance:
         n = len(admitted)
         dur = self.cost.prefill_time_s(self.model, self.tp, new, ctx, share, num_seqs=n)
         flops = self.cost.prefill_flops(self.model, new, ctx, num_seqs=n)
-        return Segment("prefill", now_s, dur, 0, len(admitted), ctx, new, flops, share)
+        return Segment(Stage.PREFILL, now_s, dur, 0, len(admitted), ctx, new, flops, share)
 
     def _preempt(self) -> None:
         while self._stack and not self._is_live(*self._stack[-1]):
@@ -258,7 +252,7 @@ class RolloutInstance:
     # ------------------------------------------------------------------ progress
     def finish_segment(self, seg: Segment) -> SegmentResult:
         """Apply a segment that ran to its planned end."""
-        if seg.kind == "prefill":
+        if seg.kind == Stage.PREFILL:
             return SegmentResult()
         return self._advance(seg.iters)
 
@@ -268,7 +262,7 @@ class RolloutInstance:
         Progress is the elapsed fraction of the planned iterations, rounded down (the iteration
         in flight is lost: a small, conservative cost). Returns the result and the segment as run.
         """
-        if seg.kind == "prefill" or seg.iters == 0:
+        if seg.kind == Stage.PREFILL or seg.iters == 0:
             raise ValueError("only decode segments can be interrupted")
         frac = 0.0 if seg.duration_s <= 0 else min(1.0, (now_s - seg.start_s) / seg.duration_s)
         done = min(seg.iters, int(frac * seg.iters))
