@@ -15,8 +15,10 @@ from jigsawrl.tasks.base import (
     get_task,
     list_tasks,
     register_task,
+    safe_call_tool,
     safe_score,
     segments,
+    tool_guard,
 )
 
 __all__ = [
@@ -28,6 +30,8 @@ __all__ = [
     "get_task",
     "list_tasks",
     "register_task",
+    "safe_call_tool",
     "safe_score",
     "segments",
+    "tool_guard",
 ]

@@ -16,7 +16,11 @@ Text conventions (the models are tiny character-level LMs, one token per charact
 
 Robustness (the run must never crash on model output): :func:`safe_score` turns a reward that
 raises or returns a non-number into ``0.0`` with the reason logged; ``call_tool`` never raises and
-answers garbage with an error result (``ok=False``).
+answers garbage with an error result (``ok=False``). The built-in tools meet that by caps on what
+they read (call and query length, query terms, expression tokens, depth, digits and bits; see
+each task), checked before the work they bound grows, never by timeouts; :func:`tool_guard`
+wraps their ``call_tool`` as a last line of defence, and :func:`safe_call_tool` gives any task,
+a user's included, the same guarantee.
 
 Extending: write one module with a class that satisfies :class:`Task` (subclassing
 :class:`BaseTask` gives the boilerplate) and decorate it with ``@register_task("name")``; configs
@@ -26,6 +30,7 @@ imports the module first.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib
@@ -257,6 +262,72 @@ def segments(task: Task, response: str) -> list[tuple[str, bool]]:
     return out
 
 
+# --------------------------------------------------------------------------- safe tool calls
+
+_TOOL_ERRORS: Counter[str] = Counter()
+
+
+def _tool_exception(task: Any, call_text: Any, state: Any, what: str) -> ToolResult:
+    """Log (throttled like rewards) a tool that raised or answered a non-result; an error result."""
+    name = str(getattr(task, "name", "?"))
+    _TOOL_ERRORS[name] += 1
+    count = _TOOL_ERRORS[name]
+    if count <= 10 or count % 1000 == 0:
+        log.warning("tool of task %s -> error result (#%d): %s", name, count, what[:200])
+    with contextlib.suppress(Exception):  # a state that is no dict must not break the answer
+        state["errors"] = state.get("errors", 0) + 1
+    text = getattr(task, "error_text", BaseTask.error_text)
+    latency = 0.0
+    with contextlib.suppress(Exception):  # a BaseTask's latency; a user's task may lack one
+        latency = float(task.latency_for(call_text) if hasattr(task, "latency_for")
+                        else getattr(task, "tool_latency_s", 0.0))
+    if not (isinstance(text, str) and math.isfinite(latency) and latency >= 0):
+        text, latency = BaseTask.error_text, 0.0
+    return ToolResult(text, ok=False, latency_s=latency)
+
+
+def safe_call_tool(task: Task, call_text: str, state: dict) -> ToolResult:
+    """``task.call_tool(call_text, state)``, but never raises and always returns a ToolResult.
+
+    A tool that raises, or answers something other than a :class:`ToolResult` with ``str`` text
+    and a finite latency >= 0, gets its task's ``error_text`` (``ok=False``) with the reason
+    logged. The rollout engine should call tools through this, so that a user's tool cannot
+    crash a run.
+    """
+    try:
+        result = task.call_tool(call_text, state)
+    except Exception as exc:  # any bug in a tool must not crash the run
+        return _tool_exception(task, call_text, state, f"call_tool raised "
+                                                       f"{type(exc).__name__}: {exc}")
+    ok = (isinstance(result, ToolResult) and isinstance(result.text, str)
+          and isinstance(result.latency_s, numbers.Real) and math.isfinite(result.latency_s)
+          and result.latency_s >= 0)
+    if not ok:
+        return _tool_exception(task, call_text, state, f"call_tool returned {result!r:.80}")
+    return result
+
+
+M = TypeVar("M", bound=Callable[..., ToolResult])
+
+
+def tool_guard(method: M) -> M:
+    """Decorate a ``call_tool`` method so that it never raises (see :func:`safe_call_tool`).
+
+    The caps of a built-in tool already turn every bad input into an error result; this is the
+    last line of defence against a bug, logged as a warning so that it gets fixed. The
+    undecorated method stays reachable as ``__wrapped__`` (the fuzz tests call it, so that the
+    guard cannot hide a bug from them).
+    """
+    @functools.wraps(method)
+    def guarded(self: Any, call_text: str, state: dict) -> ToolResult:
+        try:
+            return method(self, call_text, state)
+        except Exception as exc:  # noqa: BLE001 - see the docstring
+            return _tool_exception(self, call_text, state,
+                                   f"call_tool raised {type(exc).__name__}: {exc}")
+    return guarded  # type: ignore[return-value]
+
+
 # --------------------------------------------------------------------------- helpers for tasks
 
 def split_of(key: str, test_fraction: float) -> str:
@@ -382,6 +453,7 @@ class BaseTask:
         log.debug("tool call of task %s failed: %s", self.name, reason)
         return ToolResult(self.error_text, ok=False, latency_s=self.latency_for(call_text))
 
+    @tool_guard
     def call_tool(self, call_text: str, state: dict) -> ToolResult:
         """Single-turn tasks have no tool: every call is an error."""
         return self.error(call_text, f"task {self.name} has no tool")

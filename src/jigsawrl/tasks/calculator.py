@@ -15,6 +15,12 @@ answers anything it cannot evaluate (garbage, ``__import__('os')``, ``10**10**10
 unbalanced input, division by zero) with ``<r>error</r>`` and ``ok=False``; non-integer results are
 written as reduced fractions (``7/2``), which the evaluator reads back exactly.
 
+Caps (all checked before the work they bound, none a timeout): a call's content is at most
+``MAX_CALL_CHARS`` (64) characters and 32 tokens, literals at most 12 digits, nesting at most 16
+deep, every intermediate value at most 128 bits (``9*9*9*...`` fails at the first product that
+is too large), and an answer at most ``MAX_RESULT_CHARS`` (24) characters. Finding the call is
+one backwards scan of the text (linear, whatever its length).
+
 Difficulty presets set the number of operations (calls), the operand range and whether exact
 divisions appear.
 """
@@ -35,6 +41,7 @@ from jigsawrl.tasks.base import (
     register_task,
     resolve_preset,
     sample_examples,
+    tool_guard,
 )
 from jigsawrl.tasks.expression import (
     ArithError,
@@ -59,7 +66,9 @@ RESULT_OPEN, RESULT_CLOSE = "<r>", "</r>"
 ANSWER = "A:"
 MAX_CALL_CHARS = 64  # longer call contents are rejected before parsing
 MAX_RESULT_CHARS = 24  # results longer than this are an error (keeps contexts short)
-LIMITS = Limits(max_chars=MAX_CALL_CHARS, max_digits=12, max_depth=16, max_bits=128)
+# a demo call is "a op b" (3 tokens); 32 leaves room for a model that writes a longer expression
+LIMITS = Limits(max_chars=MAX_CALL_CHARS, max_digits=12, max_depth=16, max_bits=128,
+                max_tokens=32)
 
 
 def answer_of(solution_str: str) -> int | None:
@@ -152,6 +161,7 @@ class CalculatorTask(BaseTask):
 
     # ------------------------------------------------------------------ tool and reward
 
+    @tool_guard
     def call_tool(self, call_text: str, state: dict) -> ToolResult:
         """Evaluate the last ``<calc>...</calc>`` of ``call_text``; never raises.
 

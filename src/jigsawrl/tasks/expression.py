@@ -7,11 +7,19 @@ rational arithmetic (:class:`fractions.Fraction`), so ``7/2*2`` is exactly 7 and
 surprises. Every resource is bounded by :class:`Limits` before any work grows with it:
 
 - input length (``max_chars``) is checked before scanning;
+- the number of tokens (``max_tokens``: numbers, operators, parentheses) is counted while
+  scanning, so the number of operations, and with it the height of the tree that the recursive
+  evaluator walks, is bounded whatever ``max_chars`` is;
 - integer literals have at most ``max_digits`` digits (no ``10**10**10``: ``**`` is not syntax);
 - nesting depth (parentheses and unary minus) is at most ``max_depth``, far below Python's
   recursion limit;
 - every intermediate numerator and denominator has at most ``max_bits`` bits, so products stay
-  cheap.
+  cheap (``9*9*9*...`` fails on its first too-large product, not after building a huge number).
+
+:class:`Limits` itself refuses bounds above hard ceilings (:data:`CEILINGS`), so no
+configuration can make the evaluator recurse near Python's limit or parse a literal longer than
+``int()`` accepts. Nothing here relies on a timeout: each bound is checked before the work it
+bounds grows.
 
 Anything else (unknown characters, unbalanced parentheses, division by zero, a bound exceeded)
 raises :class:`ArithError`, a ``ValueError`` whose message is short and safe to log. Grammar::
@@ -34,14 +42,36 @@ class ArithError(ValueError):
     """The text is not a valid bounded arithmetic expression, or evaluating it failed."""
 
 
+# Hard ceilings on each bound of Limits (inclusive). max_tokens bounds the tree height (at most
+# max_tokens / 2 binary operations) and max_depth the parser's recursion (three frames a level),
+# both far below Python's default recursion limit of 1000; max_digits stays below CPython's
+# 4300-digit int() limit; max_bits keeps a product of two bounded values microseconds cheap.
+CEILINGS: dict[str, int] = {"max_chars": 1_000_000, "max_tokens": 512, "max_digits": 1000,
+                            "max_depth": 64, "max_bits": 65_536}
+
+
 @dataclass(frozen=True)
 class Limits:
-    """Bounds on the evaluator's input and work (all inclusive)."""
+    """Bounds on the evaluator's input and work (all inclusive).
+
+    ``max_tokens`` defaults to 512, which never binds under the default ``max_chars`` of 128 (a
+    token is at least one character); it bounds the work of callers that allow longer text.
+
+    Raises:
+        ValueError: a bound below 1 or above its ceiling in :data:`CEILINGS`.
+    """
 
     max_chars: int = 128
     max_digits: int = 12
     max_depth: int = 32
     max_bits: int = 256
+    max_tokens: int = 512
+
+    def __post_init__(self) -> None:
+        for name, ceiling in CEILINGS.items():
+            value = getattr(self, name)
+            if not isinstance(value, int) or not 1 <= value <= ceiling:
+                raise ValueError(f"Limits.{name} must be an int in 1..{ceiling}, got {value!r}")
 
 
 DEFAULT_LIMITS = Limits()
@@ -75,7 +105,8 @@ def tokenize(text: str, limits: Limits = DEFAULT_LIMITS) -> list[str | int]:
     """Split ``text`` into ints and one-character operator / parenthesis tokens.
 
     Raises:
-        ArithError: text too long, a literal too long, or a character outside the grammar.
+        ArithError: text too long, too many tokens, a literal too long, or a character outside
+            the grammar.
     """
     if len(text) > limits.max_chars:
         raise ArithError(f"expression longer than {limits.max_chars} chars")
@@ -85,7 +116,10 @@ def tokenize(text: str, limits: Limits = DEFAULT_LIMITS) -> list[str | int]:
         c = text[i]
         if c in " \t":
             i += 1
-        elif c in "0123456789":
+            continue
+        if len(tokens) == limits.max_tokens:  # one more token is about to be read
+            raise ArithError(f"expression of more than {limits.max_tokens} tokens")
+        if c in "0123456789":
             j = i
             while j < n and text[j] in "0123456789":
                 j += 1

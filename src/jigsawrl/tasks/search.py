@@ -16,6 +16,11 @@ for a non-empty wrong answer, 0.0 for none. A bad call (no complete tag, an over
 query) gets ``<doc>error</doc>`` and ``ok=False``; a query that matches nothing gets
 ``<doc>none</doc>``.
 
+Caps (checked before any ranking, none a timeout): a query is at most ``MAX_QUERY_CHARS`` (48)
+characters and ``MAX_QUERY_TERMS`` (8) words, so ranking touches at most 8 posting lists; an
+answer is at most ``top_k`` (<= ``MAX_TOP_K`` = 5) documents of ~30 characters. A query of every
+word of the corpus is refused by these caps. Finding the call is one backwards scan of the text.
+
 The world (and hence the corpus) comes from ``corpus_seed`` and is shared by both splits; dataset
 seeds only choose questions. Difficulty presets set the world's size, the share of two-hop
 questions and ``top_k`` (each overridable). With ``top_k=1`` a two-hop demo is ~140 characters;
@@ -36,6 +41,7 @@ from jigsawrl.tasks.base import (
     register_task,
     resolve_preset,
     sample_examples,
+    tool_guard,
 )
 from jigsawrl.tasks.corpus import BM25Index, World, make_world, tokenize
 
@@ -149,6 +155,7 @@ class SearchTask(BaseTask):
 
     # ------------------------------------------------------------------ tool and reward
 
+    @tool_guard
     def call_tool(self, call_text: str, state: dict) -> ToolResult:
         """Search the corpus with the last ``<search>...</search>`` of ``call_text``; never raises.
 
@@ -156,7 +163,8 @@ class SearchTask(BaseTask):
         """
         state["calls"] = state.get("calls", 0) + 1
         query = last_tagged(call_text, CALL_OPEN, CALL_CLOSE, MAX_QUERY_CHARS)
-        if query is None or not tokenize(query) or len(tokenize(query)) > MAX_QUERY_TERMS:
+        terms = tokenize(query) if query is not None else []
+        if not 1 <= len(terms) <= MAX_QUERY_TERMS:
             state["errors"] = state.get("errors", 0) + 1
             return self.error(call_text, "no complete <search>query</search> within bounds")
         return ToolResult(self._retrieve(query), ok=True, latency_s=self.latency_for(call_text))
