@@ -1,0 +1,106 @@
+"""The simulated cluster: one event clock driving rollouts and compute works on a device pool.
+
+:class:`SimCluster` assembles the simulator's pieces the way Vidur splits one — the event kernel
+(:mod:`.kernel`), the rollout-task runtime (:mod:`.rollout_task`, over :mod:`.rollout`'s
+continuous-batching instances), compute works (:mod:`.works`), and the bandwidth contention
+between co-located work (:mod:`.contention`) — behind plain calls with no scheduler types, so
+that ``executors/simulated.py`` is only an adapter from the driver's actions to these calls. The
+workload side (true requests, dispatch to ranks) is :mod:`.dispatch`.
+
+After every action and every event, the decodes whose devices' bandwidth contention changed are
+re-timed (:meth:`~.rollout_task.RolloutRuntime.refresh`); an interruption re-plans its own ranks
+and leaves the re-timing to the next event, as it always did.
+"""
+
+from __future__ import annotations
+
+from jigsawrl.costmodel.protocol import CostModelProtocol
+from jigsawrl.events import Event
+from jigsawrl.sim.contention import BandwidthContention
+from jigsawrl.sim.kernel import EventQueue
+from jigsawrl.sim.listener import SimListener
+from jigsawrl.sim.rollout_task import RolloutRuntime
+from jigsawrl.sim.works import WorkRuntime
+from jigsawrl.workload.experiment import ResolvedPipeline
+from jigsawrl.workload.requests import RequestTruth
+
+
+class SimCluster:
+    """Event-driven simulation of a pool of ``num_devices`` devices under a truth cost model.
+
+    Args:
+        num_devices: devices of the pool.
+        cost: the truth cost model (seeded noise on every duration).
+        listener: receives rank progress and finished tasks (:class:`~.listener.SimListener`).
+    """
+
+    def __init__(self, num_devices: int, cost: CostModelProtocol, listener: SimListener) -> None:
+        self.q = EventQueue()
+        self.events: list[Event] = []
+        self.contention = BandwidthContention(num_devices, cost)
+        self.rollouts = RolloutRuntime(self.q, cost, self.contention, self.events, listener)
+        self.works = WorkRuntime(self.q, cost, self.contention, self.events, listener,
+                                 self.rollouts.step_lens, num_devices)
+
+    @property
+    def now_s(self) -> float:
+        return self.q.now_s
+
+    def busy(self) -> bool:
+        """True while a rollout or a work runs."""
+        return bool(self.rollouts.tasks or self.works.works)
+
+    def drain_events(self) -> list[Event]:
+        """Metric records written since the last call."""
+        out = list(self.events)
+        self.events.clear()
+        return out
+
+    # ------------------------------------------------------------------ actions
+    def start_rollout(self, tid: str, pipe: ResolvedPipeline, step: int,
+                      devices: tuple[int, ...], tp: int, share: float, kv_mem_bytes: float,
+                      chunks: list[list[RequestTruth]]) -> None:
+        """Start a rollout: rank ``r`` runs ``chunks[r]`` on its TP group of ``devices``, with
+        ``kv_mem_bytes`` of KV cache per device."""
+        self.rollouts.start(tid, pipe, step, devices, tp, share, kv_mem_bytes, chunks)
+        self.rollouts.refresh()
+
+    def start_work(self, tid: str, pipe: ResolvedPipeline, step: int, stage: str,
+                   devices: tuple[int, ...], share: float) -> None:
+        """Start a post-rollout stage or a train-state move."""
+        self.works.start(tid, pipe, step, stage, devices, share)
+        self.rollouts.refresh()
+
+    def set_share(self, tid: str, share: float, rank: int | None = None) -> None:
+        """New compute share of a running work, or of a rollout's rank (``None``: all ranks).
+
+        Raises:
+            KeyError: when no task ``tid`` runs.
+        """
+        if tid in self.works.works:
+            self.works.rescale(tid, share)
+        elif tid in self.rollouts.tasks:
+            self.rollouts.set_share(tid, share, rank)
+        else:
+            raise KeyError(f"set_share: no running task {tid!r}")
+        self.rollouts.refresh()
+
+    def migrate(self, tid: str, src_ranks: tuple[int, ...], dst_rank: int) -> None:
+        """Move the unfinished requests of ``src_ranks`` onto ``dst_rank`` (re-prefill there)."""
+        self.rollouts.migrate(tid, src_ranks, dst_rank)
+        self.rollouts.refresh()
+
+    def interrupt(self, tid: str) -> None:
+        """Abort and resume in place every in-flight request of rollout ``tid``."""
+        self.rollouts.interrupt(tid)
+
+    # ------------------------------------------------------------------ clock
+    def step(self) -> bool:
+        """Process the next event (then re-time contended decodes); False when none is left."""
+        entry = self.q.pop()
+        if entry is None:
+            return False
+        handler, *args = entry.payload
+        handler(*args)
+        self.rollouts.refresh()
+        return True

@@ -1,0 +1,70 @@
+"""The simulator's workload side: each step's true requests, and how a batch is dealt to ranks.
+
+The simulator alone knows the truth it sampled (DESIGN.md §6): :class:`TruthSampler` draws a
+step's requests once, from a seed derived from structure ``(seed, pipeline index, step)``, so a
+run is reproducible and every policy sees the same workload. :func:`dispatch_requests` splits a
+step's batch over the data-parallel ranks of its rollout as the peers do.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jigsawrl.workload.experiment import ResolvedPipeline
+from jigsawrl.workload.requests import RequestTruth
+
+# Accuracy of StreamRL's output-length ranker as modelled here: predicted = true × e^N(0, σ).
+# σ = 0.5 keeps the rank correlation around 0.8 on our length distributions (an assumption).
+RANKER_SIGMA = 0.5
+# Second seed word of the ranker's noise (the first is the run's seed, the third the step).
+RANKER_SEED = 7919
+
+DISPATCH_MODES = ("contiguous", "skew_aware")
+
+
+class TruthSampler:
+    """The true requests of every (pipeline, step), sampled once each and kept.
+
+    Args:
+        seed: the run's seed.
+    """
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self._samples: dict[tuple[str, int], list[RequestTruth]] = {}
+
+    def step_requests(self, pipe: ResolvedPipeline, step: int) -> list[RequestTruth]:
+        """The true requests of a step, sampled once from a seed derived from structure."""
+        key = (pipe.spec.name, step)
+        if key not in self._samples:
+            rng = np.random.default_rng([self.seed, pipe.index, step])
+            self._samples[key] = pipe.sampler.sample_step(
+                rng, pipe.spec.name, step, pipe.spec.batch_size)
+        return self._samples[key]
+
+
+def dispatch_requests(reqs: list[RequestTruth], n: int, how: str, *, seed: int,
+                      step: int) -> list[list[RequestTruth]]:
+    """Split a step's batch over ``n`` ranks.
+
+    ``contiguous``: verl's equal contiguous chunks. ``skew_aware``: StreamRL's ranker — lengths
+    are *predicted* as the true length times lognormal noise (sigma :data:`RANKER_SIGMA`; an
+    assumed accuracy, StreamRL publishes no error figure; seeded by ``(seed, RANKER_SEED,
+    step)``), then dealt longest-predicted-first to the rank with the least predicted load.
+
+    Raises:
+        ValueError: on a mode not in :data:`DISPATCH_MODES`.
+    """
+    if how == "contiguous":
+        return [reqs[len(reqs) * r // n: len(reqs) * (r + 1) // n] for r in range(n)]
+    if how != "skew_aware":
+        raise ValueError(f"unknown dispatch {how!r}")
+    rng = np.random.default_rng([seed, RANKER_SEED, step])
+    pred = [r.generated_tokens * float(np.exp(rng.normal(0, RANKER_SIGMA))) for r in reqs]
+    out: list[list[RequestTruth]] = [[] for _ in range(n)]
+    load = [0.0] * n
+    for i in sorted(range(len(reqs)), key=lambda i: -pred[i]):
+        k = min(range(n), key=lambda j: (load[j], len(out[j])))
+        out[k].append(reqs[i])
+        load[k] += pred[i]
+    return out

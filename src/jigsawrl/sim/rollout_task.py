@@ -1,0 +1,323 @@
+"""The rollout-task runtime: a step's rollout as one :class:`~.rollout.RolloutInstance` per rank,
+on the event clock.
+
+Each rank runs *segments* (a prefill, a decode run at a constant batch) planned by its instance;
+the runtime schedules each segment's end, sends tool calls out and back (a tool result wakes its
+rank once per instant), re-plans a decode when its share or its devices' bandwidth contention
+(:mod:`.contention`) changes, and moves a rank's unfinished requests to another rank
+(migration: abort, then re-prefill there) or back into its own queue (interruption).
+
+Consecutive segments of the same sub-stage and share on one rank merge into one span, which keeps
+traces small without losing band changes. A rank reports its unfinished count whenever it changes
+(:meth:`~.listener.SimListener.rank_progress`); the rollout reports done when every rank drained.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from jigsawrl.costmodel.protocol import CostModelProtocol
+from jigsawrl.events import Event, SampleFinished, Span
+from jigsawrl.sim.contention import BandwidthContention
+from jigsawrl.sim.kernel import PRIO_ARRIVAL, PRIO_FINISH, PRIO_WAKE, Entry, EventQueue
+from jigsawrl.sim.listener import SimListener
+from jigsawrl.sim.rollout import ReqRun, RolloutInstance, Segment, SegmentResult
+from jigsawrl.stages import Stage
+from jigsawrl.workload.experiment import ResolvedPipeline
+from jigsawrl.workload.requests import RequestTruth
+
+log = logging.getLogger(__name__)
+
+# The band a rank reports once it has no unfinished request (not a sub-stage: no span has it).
+DONE_BAND = "done"
+
+
+@dataclass(slots=True)
+class OpenSpan:
+    """The span a rank is extending: one sub-stage at one share since ``start_s``."""
+
+    stage: str
+    start_s: float
+    share: float
+    flops: float = 0.0
+    tokens: int = 0
+
+
+@dataclass(slots=True, eq=False)
+class RankRun:
+    """One data-parallel rank of a running rollout: its instance, devices and planned segment."""
+
+    inst: RolloutInstance
+    devices: tuple[int, ...]
+    share: float
+    seg: Segment | None = None
+    entry: Entry | None = None
+    open: OpenSpan | None = None
+    last_unfinished: int = -1
+    wake: Entry | None = None  # pending re-plan after tool results (one per instant)
+    redirect: RankRun | None = None  # after migration: where this rank's tool results go
+    kappa: float = 1.0  # memory-bandwidth contention on its devices when its segment was planned
+    index: int = 0  # rank number within its rollout
+
+
+@dataclass(slots=True, eq=False)
+class RolloutTask:
+    """A running rollout: one step of one pipeline over its ranks."""
+
+    tid: str
+    pipe: ResolvedPipeline
+    step: int
+    ranks: list[RankRun]
+    samples: list[ReqRun] = field(default_factory=list)
+
+
+class RolloutRuntime:
+    """Runs rollout tasks on the event queue (see the module docstring).
+
+    Args:
+        q: the event queue (its payloads here are ``(handler, *args)``).
+        cost: the truth cost model.
+        contention: the pool's bandwidth contention (shared with compute works).
+        events: where metric records go (shared with compute works).
+        listener: where rank progress and finished rollouts are reported.
+    """
+
+    def __init__(self, q: EventQueue, cost: CostModelProtocol, contention: BandwidthContention,
+                 events: list[Event], listener: SimListener) -> None:
+        self.q = q
+        self.cost = cost
+        self.contention = contention
+        self.events = events
+        self.listener = listener
+        self.tasks: dict[str, RolloutTask] = {}
+        # prompt + response tokens of each finished step's sequences, in batch order
+        self.step_lens: dict[tuple[str, int], tuple[int, ...]] = {}
+
+    # ------------------------------------------------------------------ actions
+    def start(self, tid: str, pipe: ResolvedPipeline, step: int, devices: tuple[int, ...],
+              tp: int, share: float, kv_mem_bytes: float,
+              chunks: list[list[RequestTruth]]) -> None:
+        """Start a rollout whose rank ``r`` runs ``chunks[r]`` on ``devices[r*tp:(r+1)*tp]``."""
+        kv_tokens = self.cost.kv_budget_tokens(pipe.model, tp, kv_mem_bytes)
+        task = RolloutTask(tid, pipe, step, [])
+        for r, chunk in enumerate(chunks):
+            inst = RolloutInstance(f"{tid}/{r}", pipe.model, tp, self.cost,
+                                   kv_budget_tokens=max(1, kv_tokens))
+            inst.add(chunk)
+            task.ranks.append(RankRun(inst, devices[r * tp:(r + 1) * tp], share, index=r))
+        self.tasks[tid] = task
+        for rank in task.ranks:
+            self._plan_rank(task, rank)
+
+    def set_share(self, tid: str, share: float, rank: int | None) -> None:
+        """New compute share for one rank of ``tid`` (``None``: every rank still running)."""
+        task = self.tasks[tid]
+        ranks = task.ranks if rank is None else [task.ranks[rank]]
+        for rk in ranks:
+            if rk.redirect is None:
+                self._rescale_rank(task, rk, share)
+
+    def migrate(self, tid: str, src_ranks: tuple[int, ...], dst_rank: int) -> None:
+        """Move the unfinished requests of ``src_ranks`` onto ``dst_rank`` (re-prefill there)."""
+        task = self.tasks[tid]
+        dst = task.ranks[dst_rank]
+        moved = 0
+        for i in src_ranks:
+            src = task.ranks[i]
+            runs = self._drain_rank(task, src)
+            src.redirect = dst
+            dst.inst.tool_waiting += src.inst.tool_waiting
+            src.inst.tool_waiting = 0
+            dst.inst.add_runs(runs)
+            moved += len(runs)
+            self._plan_rank(task, src)  # closes its span, reports 0 unfinished
+        log.debug("%s: migrated %d requests from %s to %d", task.tid, moved, src_ranks, dst_rank)
+        self._replan(task, dst)
+
+    def interrupt(self, tid: str) -> None:
+        """Abort and resume in place every in-flight request of a rollout (AReaL on new weights)."""
+        task = self.tasks[tid]
+        for rank in task.ranks:
+            if rank.redirect is None:
+                rank.inst.add_runs(self._drain_rank(task, rank))
+                self._replan(task, rank)
+
+    def refresh(self) -> None:
+        """Re-time decodes whose devices' bandwidth contention changed (bounded passes)."""
+        for _ in range(4):
+            keys = self.contention.take_touched()
+            if keys is None:
+                return
+            for key in keys:
+                task, rank = self.contention.owner(key)
+                if task.tid not in self.tasks or rank.seg is None or not rank.seg.iters:
+                    continue
+                if abs(self._kappa(task, rank) - rank.kappa) > 1e-9:
+                    self._interrupt(task, rank)
+                    self._plan_rank(task, rank)
+
+    # ------------------------------------------------------------------ planning
+    def _kappa(self, task: RolloutTask, rank: RankRun) -> float:
+        return self.contention.kappa((task.tid, rank.index), rank.devices, rank.share)
+
+    def _set_demand(self, task: RolloutTask, rank: RankRun, demand: float) -> None:
+        self.contention.set_demand((task.tid, rank.index), rank.devices, demand,
+                                   owner=(task, rank))
+
+    def _plan_rank(self, task: RolloutTask, rank: RankRun) -> None:
+        now = self.q.now_s
+        rank.kappa = self._kappa(task, rank)
+        seg = rank.inst.next_segment(now, rank.share,
+                                     self.contention.decode_share(rank.share, rank.kappa))
+        rank.seg = seg
+        self._set_demand(task, rank, self.contention.bw(rank.share) if seg is not None else 0.0)
+        if seg is not None:
+            self._extend_span(task, rank, seg.kind, now, seg.share, seg.flops, seg.tokens)
+            rank.entry = self.q.schedule(now + seg.duration_s,
+                                         (self._on_segment_end, task, rank), PRIO_FINISH)
+        elif rank.inst.tool_waiting:
+            self._extend_span(task, rank, Stage.TOOL_WAIT, now, rank.share, 0.0, 0)
+        else:
+            self._close_span(task, rank, now)
+        self._report_progress(task, rank)
+        if seg is None and all(rk.inst.done for rk in task.ranks):
+            self._finish(task)
+
+    def _replan(self, task: RolloutTask, rank: RankRun) -> None:
+        if rank.seg is not None and rank.seg.iters:
+            self._interrupt(task, rank)
+        if rank.seg is None:
+            self._plan_rank(task, rank)
+
+    def _drain_rank(self, task: RolloutTask, rank: RankRun) -> list[ReqRun]:
+        """Take every queued/running request off a rank (a cut prefill's rest is not counted)."""
+        seg = rank.seg
+        if seg is not None and seg.iters:
+            self._interrupt(task, rank)
+        elif seg is not None:  # a prefill cut short: count only the elapsed part as work
+            self.q.cancel(rank.entry)
+            frac = min(1.0, (self.q.now_s - seg.start_s) / seg.duration_s) if seg.duration_s else 1
+            if rank.open is not None:
+                rank.open.flops -= seg.flops * (1 - frac)
+                rank.open.tokens -= int(seg.tokens * (1 - frac))
+            rank.seg, rank.entry = None, None
+        _, runs = rank.inst.export_unfinished(None, self.q.now_s)
+        return runs
+
+    def _interrupt(self, task: RolloutTask, rank: RankRun) -> None:
+        self.q.cancel(rank.entry)
+        seg = rank.seg
+        assert seg is not None
+        res, ran = rank.inst.interrupt(seg, self.q.now_s)
+        if rank.open is not None:  # replace the planned work of this segment by what ran
+            rank.open.flops += ran.flops - seg.flops
+            rank.open.tokens += ran.tokens - seg.tokens
+        rank.entry, rank.seg = None, None
+        self._apply_result(task, rank, res)
+
+    def _rescale_rank(self, task: RolloutTask, rank: RankRun, share: float) -> None:
+        seg = rank.seg
+        if seg is not None and seg.iters:
+            self._interrupt(task, rank)
+            rank.share = share
+            self._plan_rank(task, rank)
+        elif seg is not None:  # a prefill: re-time its rest at the new share from now on
+            self._retime_prefill(task, rank, seg, share)
+        else:  # idle (tool wait): the new share holds from now, in a new span
+            rank.share = share
+            if rank.open is not None:
+                self._extend_span(task, rank, rank.open.stage, self.q.now_s, share, 0.0, 0)
+            self._set_demand(task, rank, 0.0)
+
+    def _retime_prefill(self, task: RolloutTask, rank: RankRun, seg: Segment,
+                        share: float) -> None:
+        now = self.q.now_s
+        done = min(1.0, (now - seg.start_s) / seg.duration_s) if seg.duration_s > 0 else 1.0
+        self.q.cancel(rank.entry)
+        if rank.open is not None:  # the old span keeps only the work done so far
+            rank.open.flops -= seg.flops * (1 - done)
+            rank.open.tokens -= int(seg.tokens * (1 - done))
+        full = self.cost.prefill_time_s(task.pipe.model, rank.inst.tp, max(1, seg.tokens),
+                                        seg.ctx, share, num_seqs=max(1, seg.batch))
+        rest = Segment(Stage.PREFILL, now, full * (1 - done), 0, seg.batch, seg.ctx,
+                       int(seg.tokens * (1 - done)), seg.flops * (1 - done), share)
+        rank.share, rank.seg = share, rest
+        self._extend_span(task, rank, Stage.PREFILL, now, share, rest.flops, rest.tokens)
+        rank.entry = self.q.schedule(now + rest.duration_s, (self._on_segment_end, task, rank),
+                                     PRIO_FINISH)
+        self._set_demand(task, rank, self.contention.bw(share))
+
+    # ------------------------------------------------------------------ events
+    def _on_segment_end(self, task: RolloutTask, rank: RankRun) -> None:
+        seg = rank.seg
+        assert seg is not None
+        rank.entry, rank.seg = None, None
+        self._apply_result(task, rank, rank.inst.finish_segment(seg))
+        self._plan_rank(task, rank)
+
+    def _apply_result(self, task: RolloutTask, rank: RankRun, res: SegmentResult) -> None:
+        now = self.q.now_s
+        for r in res.finished:
+            task.samples.append(r)
+            self.events.append(SampleFinished(
+                task.pipe.spec.name, task.step, r.truth.sample_id, now, r.truth.prompt_tokens,
+                r.truth.response_tokens, len(r.truth.turns), task.step))
+        for r in res.tool_calls:
+            lat = r.truth.turns[r.turn - 1].tool_latency_s
+            self.q.schedule(now + lat, (self._on_tool_return, task, rank, r), PRIO_ARRIVAL)
+
+    def _on_tool_return(self, task: RolloutTask, rank: RankRun, req: ReqRun) -> None:
+        # Results arriving at the same instant are admitted together: re-plan once, after them.
+        while rank.redirect is not None:  # the request's rank was migrated away
+            rank = rank.redirect
+        rank.inst.tool_returned(req)
+        if rank.wake is None:
+            rank.wake = self.q.schedule(self.q.now_s, (self._on_wake, task, rank), PRIO_WAKE)
+
+    def _on_wake(self, task: RolloutTask, rank: RankRun) -> None:
+        rank.wake = None
+        if rank.seg is None:
+            self._plan_rank(task, rank)
+        elif rank.seg.iters:  # decoding: the new request joins at the next iteration
+            self._interrupt(task, rank)
+            self._plan_rank(task, rank)
+        # during a prefill the request waits in the queue until the prefill ends
+
+    def _report_progress(self, task: RolloutTask, rank: RankRun) -> None:
+        n = rank.inst.unfinished
+        if n != rank.last_unfinished:
+            rank.last_unfinished = n
+            band = rank.seg.kind if rank.seg is not None else (Stage.TOOL_WAIT if n else DONE_BAND)
+            self.listener.rank_progress(task.tid, rank.index, n, band, self.q.now_s,
+                                        rank.inst.context_tokens())
+
+    def _finish(self, task: RolloutTask) -> None:
+        del self.tasks[task.tid]
+        samples = sorted(task.samples, key=lambda r: r.truth.sample_id)
+        prompt = tuple(r.truth.prompt_tokens for r in samples)
+        resp = tuple(r.truth.response_tokens for r in samples)
+        self.step_lens[(task.pipe.spec.name, task.step)] = tuple(
+            p + r for p, r in zip(prompt, resp, strict=True))
+        self.listener.task_done(task.tid, task.pipe.spec.name, task.step, Stage.ROLLOUT,
+                                self.q.now_s, prompt, resp)
+
+    # ------------------------------------------------------------------ spans
+    def _extend_span(self, task: RolloutTask, rank: RankRun, stage: str, now: float,
+                     share: float, flops: float, tokens: int) -> None:
+        op = rank.open
+        if op is None or op.stage != stage or op.share != share:
+            self._close_span(task, rank, now)
+            op = rank.open = OpenSpan(stage, now, share)
+        op.flops += flops
+        op.tokens += tokens
+
+    def _close_span(self, task: RolloutTask, rank: RankRun, now: float) -> None:
+        op = rank.open
+        if op is None:
+            return
+        rank.open = None
+        if now > op.start_s:
+            self.events.append(Span(task.pipe.spec.name, task.step, op.stage, rank.index,
+                                    rank.devices, op.start_s, now, op.share, op.flops,
+                                    op.tokens))

@@ -1,0 +1,156 @@
+"""Compute works: the post-rollout stages (reward, log-probs, update, weight sync) and the train
+state's memory moves (offload, onload), on the event clock.
+
+A work's remaining work is tracked in *full-share seconds* and progresses at
+``1 / slowdown(stage, share)``, so a share change mid-run re-times its completion exactly; each
+share it ran at is one span, carrying its part of the work's FLOPs and tokens. A running model pass
+demands memory bandwidth on its devices (:func:`~.contention.work_demand`), which slows the decodes
+there. A work's true cost (:func:`stage_cost`) comes from the truth cost model and the finished
+rollout's sequence lengths.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from jigsawrl.costmodel.protocol import CostModelProtocol
+from jigsawrl.events import Event, Span
+from jigsawrl.sim.contention import BandwidthContention, work_demand
+from jigsawrl.sim.kernel import PRIO_FINISH, Entry, EventQueue
+from jigsawrl.sim.listener import SimListener
+from jigsawrl.stages import Stage
+from jigsawrl.workload.experiment import ResolvedPipeline
+
+# The rank a work's spans and demand key carry (a work spans its devices as one group).
+WORK_RANK = 0
+WORK_DEMAND_RANK = -1
+
+
+@dataclass(slots=True, eq=False)
+class Work:
+    """A running compute work (see the module docstring)."""
+
+    tid: str
+    pipe: ResolvedPipeline
+    step: int
+    stage: str
+    devices: tuple[int, ...]
+    share: float
+    remaining_full_s: float  # work left, in seconds at share 1.0
+    since_s: float  # time of the last progress update
+    flops: float
+    tokens: int
+    total_full_s: float = 0.0
+    slowdown: float = 1.0
+    entry: Entry | None = None
+    span_start_s: float = 0.0
+    done_frac: float = 0.0
+
+
+def stage_cost(cost: CostModelProtocol, pipe: ResolvedPipeline, stage: str, n: int,
+               lens: tuple[int, ...]) -> tuple[float, float, int]:
+    """True full-share seconds, FLOPs and tokens of a post-rollout stage or memory move of
+    ``pipe`` on ``n`` devices, after a rollout whose sequences had ``lens`` tokens.
+
+    Raises:
+        ValueError: on a stage that is neither post-rollout nor a train-state move.
+    """
+    c, m = cost, pipe.model
+    tokens = sum(lens)
+    if stage == Stage.REWARD:
+        return c.reward_time_s(len(lens)), 0.0, 0
+    # the tokens the pass computes over (padding included where the trainer pads)
+    computed = c.pass_tokens(lens, n, pipe.spec.train.micro_batch_size)
+    if stage in (Stage.OLD_LOGPROB, Stage.REF_LOGPROB):
+        return c.logprob_time_s(m, n, computed), c.logprob_flops(m, tokens), tokens
+    if stage == Stage.ACTOR_UPDATE:
+        epochs = pipe.spec.train.ppo_epochs
+        return (epochs * c.train_time_s(m, n, computed), epochs * c.train_flops(m, tokens),
+                tokens)
+    if stage == Stage.WEIGHT_SYNC:
+        return c.weight_sync_time_s(m, n, pipe.spec.rollout_tp), 0.0, 0
+    if stage in (Stage.OFFLOAD, Stage.ONLOAD):
+        return c.host_transfer_time_s(c.train_state_bytes(m, n) * n, n), 0.0, 0
+    raise ValueError(f"unknown stage {stage!r}")
+
+
+class WorkRuntime:
+    """Runs compute works on the event queue (see the module docstring).
+
+    Args:
+        q: the event queue (its payloads here are ``(handler, *args)``).
+        cost: the truth cost model.
+        contention: the pool's bandwidth contention (shared with rollouts).
+        events: where metric records go (shared with rollouts).
+        listener: where finished works are reported.
+        step_lens: ``(pipeline, step) -> sequence lengths`` of finished rollouts.
+        num_devices: devices of the pool (what a host stage naming no device is costed on).
+    """
+
+    def __init__(self, q: EventQueue, cost: CostModelProtocol, contention: BandwidthContention,
+                 events: list[Event], listener: SimListener,
+                 step_lens: Mapping[tuple[str, int], tuple[int, ...]], num_devices: int) -> None:
+        self.q = q
+        self.cost = cost
+        self.contention = contention
+        self.events = events
+        self.listener = listener
+        self.step_lens = step_lens
+        self.num_devices = num_devices
+        self.works: dict[str, Work] = {}
+
+    def start(self, tid: str, pipe: ResolvedPipeline, step: int, stage: str,
+              devices: tuple[int, ...], share: float) -> None:
+        """Start ``stage`` of ``pipe``'s ``step`` on ``devices`` at ``share``."""
+        n = len(devices) or self.num_devices  # a host stage may name no device
+        lens = self.step_lens.get((pipe.spec.name, step), ())
+        full_s, flops, tokens = stage_cost(self.cost, pipe, stage, n, lens)
+        full_s += self.cost.dispatch_time_s(pipe.model, stage, n)
+        w = Work(tid, pipe, step, stage, devices, share, full_s, self.q.now_s, flops,
+                 tokens, total_full_s=full_s, span_start_s=self.q.now_s)
+        self.works[tid] = w
+        self._schedule(w)
+
+    def rescale(self, tid: str, share: float) -> None:
+        """Run work ``tid`` at ``share`` from now on (its span so far is written)."""
+        w = self.works[tid]
+        self.q.cancel(w.entry)
+        self._progress(w)
+        self._emit_span(w, self.q.now_s)
+        w.share = share
+        self._schedule(w)
+
+    def _set_demand(self, w: Work, demand: float) -> None:
+        self.contention.set_demand((w.tid, WORK_DEMAND_RANK), w.devices, demand)
+
+    def _schedule(self, w: Work) -> None:
+        self._set_demand(w, work_demand(w.stage, w.share))
+        w.slowdown = (1.0 if w.share <= 0 else
+                      self.cost.slowdown(w.stage, w.share, model=w.pipe.model))
+        w.since_s = self.q.now_s
+        w.entry = self.q.schedule(self.q.now_s + w.remaining_full_s * w.slowdown,
+                                  (self._on_end, w), PRIO_FINISH)
+
+    def _progress(self, w: Work) -> None:
+        now = self.q.now_s
+        w.remaining_full_s = max(0.0, w.remaining_full_s - (now - w.since_s) / w.slowdown)
+        w.since_s = now
+
+    def _emit_span(self, w: Work, end_s: float) -> None:
+        total = w.total_full_s
+        frac = 1.0 if total <= 0 else 1.0 - w.remaining_full_s / total
+        part = frac - w.done_frac
+        w.done_frac = frac
+        if end_s > w.span_start_s:
+            self.events.append(Span(w.pipe.spec.name, w.step, w.stage, WORK_RANK, w.devices,
+                                    w.span_start_s, end_s, w.share, w.flops * part,
+                                    int(w.tokens * part)))
+        w.span_start_s = end_s
+
+    def _on_end(self, w: Work) -> None:
+        w.remaining_full_s = 0.0
+        self._emit_span(w, self.q.now_s)
+        del self.works[w.tid]
+        self._set_demand(w, 0.0)
+        self.listener.task_done(w.tid, w.pipe.spec.name, w.step, w.stage, self.q.now_s)
