@@ -14,7 +14,7 @@ from jigsawrl.experiments.simulated import make_cost, run_once
 from jigsawrl.scheduler import Decision, Migrate, SetResident, StartRollout, StartStage, get_policy
 from jigsawrl.scheduler.base import PolicyBase, RunningTask, task_id
 from jigsawrl.scheduler.jigsaw import JigsawPolicy
-from jigsawrl.scheduler.jigsaw_parts import pack
+from jigsawrl.scheduler.jigsaw.tail import pack
 from jigsawrl.stages import MODEL_PASSES, Stage
 
 

@@ -1,108 +1,50 @@
-"""Pieces of the ``jigsaw`` policy: its per-decision board, predictions and the share arithmetic.
+"""The ``jigsaw`` policy's compute shares: the split of each device between co-located sub-stages
+(DESIGN.md §2.3), and the share actions that apply it.
 
-Split out of :mod:`jigsawrl.scheduler.jigsaw` to keep modules small; nothing here decides on its
-own. Shares are discrete levels (``SHARE_LEVELS``, the prototype's hand-picked SM levels).
+Shares are discrete levels (``SHARE_LEVELS``, the prototype's hand-picked SM levels). A device
+pairing a model pass with decodes is split at the level maximising the summed progress rate
+``1 / slowdown(update, c) + n / slowdown(decode, m)`` (:func:`compute_split`); co-located rollouts
+split what is left, equally or (two of them) at the levels maximising their urgency-weighted rate
+(:meth:`ShareAssigner.rollout_split`). ``dynamic_shares=False``: equal splits throughout.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from functools import lru_cache
 
-from jigsawrl.costmodel import SHARE_LEVELS
+from jigsawrl.costmodel import SHARE_LEVELS, CostModelProtocol
 from jigsawrl.scheduler.base import (
     Action,
-    Migrate,
     PipelineView,
+    RunningTask,
+    SetShare,
     StartRollout,
     StartStage,
     View,
     task_id,
 )
+from jigsawrl.scheduler.jigsaw.board import COMPUTE, MEMORY, Board
 from jigsawrl.stages import MODEL_PASSES, Stage
 from jigsawrl.workload.task_presets import TASKS
 
-MEM_HEADROOM = 2e9  # bytes per device kept free (allocator fragmentation, CUDA context)
+Shares = dict[str, dict[int, float]]  # task id -> device -> compute share
 
 
-@dataclass(slots=True)
-class Prediction:
-    gen_s: float
-    stages_s: dict[str, float]
-
-    @property
-    def step_s(self) -> float:
-        return self.gen_s + sum(self.stages_s.values())
-
-
-@dataclass(slots=True)
-class Board:
-    """This decision's model of the pool: who holds compute on which device, at what share."""
-
-    dev: list[dict[str, float]]  # device -> task id -> share (compute-holding tasks only)
-    kind: dict[str, str] = field(default_factory=dict)  # task id -> memory | compute
-    pipe: dict[str, str] = field(default_factory=dict)
-    stage: dict[str, str] = field(default_factory=dict)
-    ranks: dict[str, list[tuple[int, ...]]] = field(default_factory=dict)  # live rollout ranks
-    rank_idx: dict[str, list[int]] = field(default_factory=dict)
-    mem_free: list[float] = field(default_factory=list)
-
-    def count(self, d: int) -> int:
-        return len(self.dev[d])
-
-    def has_compute(self, d: int) -> bool:
-        return any(self.kind[t] == "compute" for t in self.dev[d])
-
-
-def pack(busy: list[int], left: dict[int, int], keep: int, cap: int, tid: str,
-          live: list[int]) -> list[Migrate]:
-    """Move the tail onto the ``keep`` fullest ranks (they keep their KV), filling each up to
-    ``cap`` requests, largest sources first; drained ranks are released onto the first."""
-    dsts = busy[:keep]
-    load = {d: left[d] for d in dsts}
-    moves: dict[int, list[int]] = {d: [] for d in dsts}
-    for src in busy[keep:]:
-        d = min(dsts, key=lambda x: load[x])
-        moves[d].append(src)
-        load[d] += left[src]
-    moves[dsts[0]].extend(r for r in live if left[r] == 0)
-    return [Migrate(tid, tuple(srcs), d) for d, srcs in moves.items() if srcs]
-
-
-def with_share(a: Action, want: dict[str, dict[int, float]]) -> Action:
-    if isinstance(a, StartRollout):
-        shares = want.get(task_id(a.pipeline, a.step, Stage.ROLLOUT), {})
-        s = min((shares[d] for d in a.devices if d in shares), default=1.0)
-        return StartRollout(a.pipeline, a.step, a.devices, a.tp, s, a.kv_mem_bytes, a.dispatch)
-    if isinstance(a, StartStage) and a.stage in MODEL_PASSES:
-        shares = want.get(task_id(a.pipeline, a.step, a.stage), {})
-        s = min(shares.values(), default=1.0)
-        return StartStage(a.pipeline, a.step, a.stage, a.devices, s, a.mem_bytes)
-    return a
+def level_floor(x: float) -> float:
+    """The largest share level not above ``x`` (``x`` itself, at least 0.05, below them all)."""
+    fit = [s for s in SHARE_LEVELS if s <= x + 1e-9]
+    return fit[-1] if fit else max(x, 0.05)
 
 
 def rollout_rate(view: View, pv: PipelineView, share: float) -> float:
+    """Progress rate of ``pv``'s rollout at ``share``: decode (memory-bound) blended with
+    prefill (compute-bound; a larger part for multi-turn tasks, which re-prefill each turn)."""
     task = TASKS.get(pv.spec.task)
     prefill = 0.25 if task is not None and task.multi_turn else 0.05  # share of rollout time
     cost = view.cost
     return (1 - prefill) / cost.slowdown(Stage.DECODE_SMALL, share) + prefill / cost.slowdown(
         Stage.PREFILL, share)
-
-
-def level_floor(x: float) -> float:
-    fit = [s for s in SHARE_LEVELS if s <= x + 1e-9]
-    return fit[-1] if fit else max(x, 0.05)
-
-
-def slow_fn(view: View):  # noqa: ANN202
-    cost = view.cost
-
-    def slow(stage: str, share: float) -> float:
-        if stage == Stage.ROLLOUT:
-            stage = Stage.DECODE_SMALL
-        return cost.slowdown(stage, max(0.05, min(1.0, share)))
-
-    return slow
 
 
 def compute_split(view: View, pv: PipelineView, n_mem: int,
@@ -116,13 +58,126 @@ def compute_split(view: View, pv: PipelineView, n_mem: int,
 
 
 @lru_cache(maxsize=256)
-def _best_split(_key: int, cost, model_name: str, n_mem: int) -> tuple[float, float]:  # noqa: ANN001
+def _best_split(_key: int, cost: CostModelProtocol, model_name: str,
+                n_mem: int) -> tuple[float, float]:
     best, arg = -1.0, (0.5, 0.5)
     for m in SHARE_LEVELS:
         c = 1.0 - m * n_mem
         if c < 0.2 - 1e-9:
             continue
-        rate = 1.0 / cost.slowdown(Stage.ACTOR_UPDATE, c) + n_mem / cost.slowdown(Stage.DECODE_SMALL, m)
+        rate = 1.0 / cost.slowdown(Stage.ACTOR_UPDATE, c) + n_mem / cost.slowdown(
+            Stage.DECODE_SMALL, m)
         if rate > best + 1e-12:
             best, arg = rate, (round(c, 6), m)
     return arg
+
+
+def with_share(a: Action, want: Shares) -> Action:
+    """A start action at the share assigned to its task (the smallest over its devices)."""
+    if isinstance(a, StartRollout):
+        shares = want.get(task_id(a.pipeline, a.step, Stage.ROLLOUT), {})
+        s = min((shares[d] for d in a.devices if d in shares), default=1.0)
+        return StartRollout(a.pipeline, a.step, a.devices, a.tp, s, a.kv_mem_bytes, a.dispatch)
+    if isinstance(a, StartStage) and a.stage in MODEL_PASSES:
+        shares = want.get(task_id(a.pipeline, a.step, a.stage), {})
+        s = min(shares.values(), default=1.0)
+        return StartStage(a.pipeline, a.step, a.stage, a.devices, s, a.mem_bytes)
+    return a
+
+
+class ShareAssigner:
+    """Splits every device of the board and emits the actions that apply the splits.
+
+    Args:
+        dynamic: splits from the slowdown table (else equal).
+        urgency: a pipeline's urgency, the weight of its rollout in a split.
+    """
+
+    def __init__(self, dynamic: bool, urgency: Callable[[View, PipelineView], float]) -> None:
+        self.dynamic = dynamic
+        self.urgency = urgency
+
+    def share_actions(self, view: View, b: Board, starts: list[Action]) -> list[Action]:
+        """Assign every device's split, then emit decreases, starts, increases (in that order,
+        so the driver never sees a device over its compute)."""
+        want = self.assign(view, b)
+        running = {t.task_id: t for pv in view.pipelines for t in pv.running}
+        down: list[Action] = []
+        up: list[Action] = []
+        starts = [with_share(a, want) for a in starts]
+        started = {task_id(a.pipeline, a.step, Stage.ROLLOUT if isinstance(a, StartRollout)
+                           else a.stage) for a in starts}
+        for tid, shares in want.items():
+            if tid in started or tid not in running:
+                continue
+            for change in self._changes(b, running[tid], shares):
+                (down if change[1] < change[2] else up).append(change[0])
+        return down + starts + up
+
+    @staticmethod
+    def _changes(b: Board, t: RunningTask,
+                 shares: dict[int, float]) -> list[tuple[SetShare, float, float]]:
+        """(action, new share, old share) for each part of a running task whose share moves."""
+        if b.kind[t.task_id] == COMPUTE:
+            new = min(shares.values())
+            return [(SetShare(t.task_id, new), new, t.share)] if abs(new - t.share) > 1e-9 else []
+        out = []
+        for r in b.rank_idx[t.task_id]:
+            new = min(shares[d] for d in t.rank_devices[r])
+            old = t.rank_shares[r]
+            if abs(new - old) > 1e-9:
+                out.append((SetShare(t.task_id, new, rank=r), new, old))
+        return out
+
+    def assign(self, view: View, b: Board) -> Shares:
+        """Per task, per device: its compute share."""
+        want: Shares = {}
+        compute_share = self._compute_shares(view, b)
+        urgency = {pv.name: self.urgency(view, pv) for pv in view.pipelines}
+        by_name = {pv.name: pv for pv in view.pipelines}
+        for d, tasks in enumerate(b.dev):
+            mems = [t for t in tasks if b.kind[t] == MEMORY]
+            c = max((compute_share[t] for t in tasks if t in compute_share), default=0.0)
+            for t in tasks:
+                if t in compute_share:
+                    want.setdefault(t, {})[d] = compute_share[t]
+            split = self.rollout_split(view, [by_name[b.pipe[t]] for t in mems],
+                                       [urgency[b.pipe[t]] for t in mems], 1.0 - c)
+            for t, share in zip(mems, split, strict=True):
+                want.setdefault(t, {})[d] = share
+        return want
+
+    def _compute_shares(self, view: View, b: Board) -> dict[str, float]:
+        """Each model pass's share: the smallest its devices' splits give it."""
+        compute_share: dict[str, float] = {}
+        for tasks in b.dev:
+            mems = [t for t in tasks if b.kind[t] == MEMORY]
+            comps = [t for t in tasks if b.kind[t] == COMPUTE]
+            if comps and mems:
+                pv = next(p for p in view.pipelines if p.name == b.pipe[comps[0]])
+                c_share = compute_split(view, pv, len(mems), self.dynamic)[0]
+            elif comps:
+                c_share = 1.0
+            else:
+                c_share = 0.0
+            for t in comps:
+                compute_share[t] = min(compute_share.get(t, 1.0), c_share)
+        return compute_share
+
+    def rollout_split(self, view: View, pvs: list[PipelineView], weights: list[float],
+                      room: float) -> list[float]:
+        """Shares of co-located rollouts in ``room``: equal, or (dynamic, two of them) the levels
+        maximising the urgency-weighted rate (:func:`rollout_rate`)."""
+        even = level_floor(room / len(pvs)) if pvs else 0.0
+        if not self.dynamic or len(pvs) != 2:
+            return [even] * len(pvs)
+        best, arg = -1.0, [even, even]
+        for s1 in SHARE_LEVELS:
+            s2 = level_floor(room - s1)
+            if s1 > room + 1e-9 or s2 < 0.2 - 1e-9:
+                continue
+            rate = sum(w * rollout_rate(view, pv, sh)
+                       for pv, w, sh in zip(pvs, weights, (s1, s2), strict=True))
+            if rate > best + 1e-12:
+                best, arg = rate, [s1, s2]
+        return arg

@@ -1,4 +1,4 @@
-"""Long-tail migration for ``jigsaw`` (the paper's sub-stage merging), as a mixin.
+"""Long-tail migration for ``jigsaw`` (the paper's sub-stage merging; DESIGN.md §2.4).
 
 When a rollout's unfinished requests shrink to a tail spread over more ranks than it needs, they
 can be moved onto fewer ranks (abort + re-prefill at the destination) so that the freed devices
@@ -12,21 +12,40 @@ from __future__ import annotations
 import math
 
 from jigsawrl.scheduler.base import Action, Migrate, PipelineView, RunningTask, View
-from jigsawrl.scheduler.jigsaw_parts import Board, compute_split, pack
+from jigsawrl.scheduler.jigsaw.board import Board
+from jigsawrl.scheduler.jigsaw.params import JigsawParams
+from jigsawrl.scheduler.jigsaw.prediction import StepPredictions
+from jigsawrl.scheduler.jigsaw.residency import Residency
+from jigsawrl.scheduler.jigsaw.shares import compute_split
 from jigsawrl.stages import MODEL_PASSES, Stage
 
 
+def pack(busy: list[int], left: dict[int, int], keep: int, cap: int, tid: str,
+         live: list[int]) -> list[Migrate]:
+    """Move the tail onto the ``keep`` fullest ranks (they keep their KV), filling each up to
+    ``cap`` requests, largest sources first; drained ranks are released onto the first."""
+    dsts = busy[:keep]
+    load = {d: left[d] for d in dsts}
+    moves: dict[int, list[int]] = {d: [] for d in dsts}
+    for src in busy[keep:]:
+        d = min(dsts, key=lambda x: load[x])
+        moves[d].append(src)
+        load[d] += left[src]
+    moves[dsts[0]].extend(r for r in live if left[r] == 0)
+    return [Migrate(tid, tuple(srcs), d) for d, srcs in moves.items() if srcs]
+
+
 class TailMigration:
-    """Mixin: needs ``tail_batch``, ``tail_requests``, ``dynamic_shares``, ``_kv_mem`` and
-    ``_pred`` from the policy."""
+    """Plans the migrations of a decision (module docstring) and applies them to the board."""
 
-    tail_batch: int
-    tail_requests: int
-    dynamic_shares: bool
-    _kv_mem: float
-    _pred: dict
+    def __init__(self, params: JigsawParams, residency: Residency,
+                 predictions: StepPredictions) -> None:
+        self.params = params
+        self.residency = residency
+        self.predictions = predictions
 
-    def _migrate(self, view: View, b: Board) -> list[Action]:
+    def migrate(self, view: View, b: Board) -> list[Action]:
+        """Releases and consolidations of every running rollout's ranks."""
         actions: list[Action] = []
         waiting = self._compute_waiting(view, b)
         for pv in view.pipelines:
@@ -36,24 +55,24 @@ class TailMigration:
                     continue
                 for act in self._tail_actions(view, pv, t, b, waiting, per_rank):
                     actions.append(act)
-                    self._apply_migration(b, act)
+                    b.release_ranks(act)
         return actions
 
     def _compute_waiting(self, view: View, b: Board) -> bool:
         """Is a compute-bound stage of another pipeline ready to start? Only then do freed
         devices have a taker (a running stage keeps its devices, so freeing more cannot help
         it): the benefit side of migration."""
-        return any(stage in MODEL_PASSES and not any(b.kind.get(t) == "compute" for dev in b.dev
-                                                for t in dev)
+        return any(stage in MODEL_PASSES and not b.any_compute()
                    for pv in view.pipelines for _, stage in pv.ready())
 
     def _tail_capacity(self, view: View, pv: PipelineView) -> int:
         """Requests one rank can hold without KV preemption, assuming each may grow to its cap
         (the scheduler does not know true lengths), and at most ``tail_batch``."""
         spec = pv.spec
-        kv = view.cost.kv_budget_tokens(pv.model, spec.rollout_tp, max(self._kv_mem, 1.0))
+        kv = view.cost.kv_budget_tokens(pv.model, spec.rollout_tp,
+                                        max(self.residency.kv_mem, 1.0))
         worst = spec.max_response_tokens + 512
-        return max(1, min(self.tail_batch, kv // worst))
+        return max(1, min(self.params.tail_batch, kv // worst))
 
     def _tail_actions(self, view: View, pv: PipelineView, t: RunningTask, b: Board,
                       waiting: bool, per_rank: int) -> list[Migrate]:
@@ -66,7 +85,7 @@ class TailMigration:
             return []
         total = sum(left.values())
         keep = max(1, math.ceil(total / per_rank))
-        if waiting and total <= self.tail_requests and keep < len(busy) and \
+        if waiting and total <= self.params.tail_requests and keep < len(busy) and \
                 self._worth_moving(view, pv, t, busy, keep):
             return pack(busy, left, keep, per_rank, t.task_id, live)
         drained = tuple(r for r in live if left[r] == 0)
@@ -83,7 +102,7 @@ class TailMigration:
         cost, m, tp = view.cost, pv.model, pv.spec.rollout_tp
         n = len(view.devices)
         freed = n - keep * tp
-        beside = compute_split(view, pv, 1, self.dynamic_shares)[0]
+        beside = compute_split(view, pv, 1, self.params.dynamic_shares)[0]
         shared = 1.0 / cost.slowdown(Stage.ACTOR_UPDATE, beside, model=m)
         if freed / n <= shared:
             return False
@@ -100,7 +119,7 @@ class TailMigration:
         moved = sum(ctx[r] for r in busy[keep:])
         prefill = cost.prefill_time_s(m, tp, max(1, moved), 0, 1.0,
                                       num_seqs=max(1, sum(left[r] for r in busy[keep:])))
-        pred = self._pred.get((pv.name, t.step))
+        pred = self.predictions.get(pv.name, t.step)
         remaining = max(0.0, pred.gen_s - (view.now_s - t.start_s)) if pred else 0.0
         extra = remaining * max(0.0, after / before - 1.0) + prefill
         gain = max((self._compute_gain(view, other, freed / n, shared)
@@ -110,17 +129,8 @@ class TailMigration:
     def _compute_gain(self, view: View, pv: PipelineView, alone: float, shared: float) -> float:
         """Seconds a ready compute stage of ``pv`` saves on freed devices vs shared ones."""
         ready = [stage for _, stage in pv.ready() if stage in MODEL_PASSES]
-        pred = self._pred.get((pv.name, pv.steps_completed))
+        pred = self.predictions.get(pv.name, pv.steps_completed)
         if not ready or pred is None:
             return 0.0
         work = sum(pred.stages_s.get(s, 0.0) for s in MODEL_PASSES)
         return work / shared - work / alone
-
-    def _apply_migration(self, b: Board, m: Migrate) -> None:
-        idx = b.rank_idx[m.task_id]
-        for r in m.src_ranks:
-            for d in b.ranks[m.task_id][idx.index(r)]:
-                b.dev[d].pop(m.task_id, None)
-        keep = [i for i, r in enumerate(idx) if r not in m.src_ranks]
-        b.ranks[m.task_id] = [b.ranks[m.task_id][i] for i in keep]
-        b.rank_idx[m.task_id] = [idx[i] for i in keep]

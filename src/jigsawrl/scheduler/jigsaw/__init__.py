@@ -1,0 +1,56 @@
+"""``jigsaw``: the JigsawRL scheduler — sub-stage multiplexing, dynamic shares, tail migration,
+look-ahead, history-based prediction — and ``greedy`` (the same with look-ahead depth 0).
+
+How it decides (every decision point; DESIGN.md §2):
+
+1. **Shared pool.** Every pipeline's train state and reference are resident on every device
+   (FSDP over the pool), so any pipeline's sub-stage can run on any device. Each rollout engine
+   gets an equal slice of the memory left (the prototype gave each engine ~20% of the device).
+2. **Multiplexing.** A device hosts up to ``max_colocated`` rollout engines of different
+   pipelines plus at most one compute-bound stage (log-prob / update): memory-bound decodes pair
+   with each other and with compute-bound training. A rollout takes at most a fair share of the
+   pool's engine slots, on the least-loaded devices. ``max_train_states`` (default 1: the
+   prototype's memory plan) train states may be onloaded at once; with more than one, compute
+   stages of different pipelines run side by side on disjoint devices, each leaving devices
+   for the pipelines not computing (worth it where a stage gains little from more devices, as
+   on the CPU Ray executor, which runs a stage in one worker process; the GPU simulation is
+   slower with it, ``bench paper --quick``).
+3. **Dynamic allocation.** The split of a device's compute between co-located sub-stages is chosen
+   from the belief slowdown table over the discrete share levels, maximising the weighted progress
+   rate ``Σ w / slowdown(stage, share)`` (``dynamic_shares=False``: an equal split).
+4. **Long-tail migration.** When a rollout's unfinished requests shrink to a tail
+   (≤ ``tail_requests``) spread over more ranks than needed, they are moved onto
+   ``ceil(U / tail_batch)`` ranks (abort + re-prefill at the destination); ranks that drained are
+   released at once. Freed devices run other pipelines' work: a compute-bound stage then runs on
+   the free devices at full share when that beats sharing every device with the tail.
+5. **Look-ahead.** Candidate actions — start a ready compute stage now (paired at the chosen
+   split), defer it, or start another pipeline's stage first — are scored by forecasting the next
+   ``depth`` events with the belief cost model (:mod:`.forecast`); ``depth=0`` is ``greedy``.
+6. **Prediction.** Each pipeline's next rollout is predicted from its last few steps'
+   observed lengths (:class:`~jigsawrl.graph.predict.HistoryPredictor`); the scheduler never
+   sees sampled lengths.
+7. **Fairness.** Pipelines carry ``latency_weight``; a pipeline whose current step runs later than
+   its predicted solo time (or nears ``max_latency_ratio``) gains urgency, so none starves.
+
+Simplifications (said here, as DESIGN.md asks): a training stage moved to a subset of devices
+re-gathers its shards over NVLink at no modelled cost; reward (rule-based, on the CPU) and weight
+sync (a transfer) hold no compute share.
+
+Layout (one seam per module; :class:`JigsawPolicy` only orchestrates them, and a decision runs
+through them in this order, predictions being asked for throughout):
+
+- :mod:`.params` — :class:`JigsawParams`, the validated ``scheduler.params``;
+- :mod:`.residency` — the memory plan (engine KV slices) and the train states' onload/offload;
+- :mod:`.board` — the decision's board: who holds which device, at what share, memory free;
+- :mod:`.tail` — long-tail migration (4);
+- :mod:`.placement` — rollout widths and devices, the devices of a compute stage (1, 2);
+- :mod:`.lookahead` and :mod:`.forecast` — scoring the candidate compute starts (5);
+- :mod:`.shares` — the compute split of every device and the share actions (3);
+- :mod:`.prediction` — predicted step times from history, and urgency (6, 7);
+- :mod:`.policy` — the policy itself, and ``greedy``.
+"""
+
+from jigsawrl.scheduler.jigsaw.params import JigsawParams
+from jigsawrl.scheduler.jigsaw.policy import JigsawPolicy
+
+__all__ = ["JigsawParams", "JigsawPolicy"]

@@ -1,0 +1,96 @@
+"""The ``jigsaw`` policy's look-ahead (DESIGN.md §2.5): which ready model pass to start now, if
+any, chosen by forecasting a few events ahead.
+
+The options are: start one of the candidate passes now (on the devices placement chose for it),
+or — while a rollout holds devices — start none and let the decodes run alone. Each option is
+scored by the fluid forecast of :mod:`.forecast` over the next ``depth`` events, from the
+predicted rest of every pipeline's step; the lowest (urgency-weighted completion times) wins.
+At ``depth`` 0 (``greedy``) the first candidate (the most urgent pipeline's) is taken.
+"""
+
+from __future__ import annotations
+
+from jigsawrl.scheduler.base import PipelineView, View, stage_sequence
+from jigsawrl.scheduler.jigsaw.board import Board
+from jigsawrl.scheduler.jigsaw.forecast import FState, FWork, Slow, forecast
+from jigsawrl.scheduler.jigsaw.prediction import StepPredictions
+from jigsawrl.stages import MODEL_PASSES, Stage
+
+# A ready model pass and the devices it would run on.
+Candidate = tuple[PipelineView, int, str, tuple[int, ...]]
+
+
+def slow_fn(view: View) -> Slow:
+    """The belief slowdown as the forecast asks for it (a rollout decodes its tail)."""
+    cost = view.cost
+
+    def slow(stage: str, share: float) -> float:
+        if stage == Stage.ROLLOUT:
+            stage = Stage.DECODE_SMALL
+        return cost.slowdown(stage, max(0.05, min(1.0, share)))
+
+    return slow
+
+
+class LookAhead:
+    """Scores the options of a decision by forecast (module docstring)."""
+
+    def __init__(self, depth: int, predictions: StepPredictions) -> None:
+        self.depth = depth
+        self.predictions = predictions
+
+    def choose(self, view: View, b: Board, cands: list[Candidate]) -> Candidate | None:
+        """The candidate to start now, or None to start none (``cands`` is not empty)."""
+        if self.depth == 0:
+            return cands[0]
+        options: list[Candidate | None] = list(cands)
+        if b.any_memory():
+            options.append(None)  # waiting only helps if it spares a running decode
+        names = [c[0].name for c in cands]
+        scores = [self._score(view, b, opt, names) for opt in options]
+        return options[min(range(len(options)), key=lambda i: scores[i])]
+
+    def _score(self, view: View, b: Board, opt: Candidate | None, names: list[str]) -> float:
+        st = self._forecast_state(view, b)
+        if opt is None:
+            st.deferred = set(names)
+        else:
+            st.deferred = {n for n in names if n != opt[0].name}
+        return forecast(st, self.depth, slow_fn(view))
+
+    def _forecast_state(self, view: View, b: Board) -> FState:
+        """The forecast's snapshot: each live pipeline's rest of step, as works."""
+        running: list[FWork] = []
+        chains: dict[str, list[FWork]] = {}
+        weights: dict[str, float] = {}
+        for pv in view.pipelines:
+            if pv.finished:
+                continue
+            weights[pv.name] = self.predictions.urgency(view, pv)
+            chains[pv.name] = self._rest_of_step(view, pv, running)
+        return FState(view.now_s, running, chains, weights, b.mem_frac())
+
+    def _rest_of_step(self, view: View, pv: PipelineView, running: list[FWork]) -> list[FWork]:
+        """``pv``'s works not done in its current step: the running ones (and a ready model
+        pass, which the option decides) go to ``running``; the rest, in order, is returned."""
+        step = pv.steps_completed
+        pred = self.predictions.ensure(view, pv, step)
+        done = pv.done.get(step, frozenset())
+        run = {t.stage: t for t in pv.running if t.step == step}
+        chain: list[FWork] = []
+        for stage in stage_sequence(pv.spec):
+            if stage in done:
+                continue
+            dur = pred.gen_s if stage == Stage.ROLLOUT else pred.stages_s.get(stage, 0.0)
+            kind = "memory" if stage == Stage.ROLLOUT else (
+                "compute" if stage in MODEL_PASSES else "host")
+            w = FWork(pv.name, stage, kind, dur, stage == Stage.WEIGHT_SYNC)
+            if stage in run:
+                w.remaining = max(0.05 * dur, dur - (view.now_s - run[stage].start_s))
+                running.append(w)
+            elif not any(x.pipeline == pv.name for x in running) and not chain and \
+                    kind == "compute":
+                running.append(w)  # a ready compute stage: the option decides
+            else:
+                chain.append(w)
+        return chain

@@ -1,0 +1,45 @@
+"""The ``jigsaw`` policy's parameters (``scheduler.params``), validated once and shared, read-only,
+by the pieces of the planner."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jigsawrl.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class JigsawParams:
+    """What :class:`~jigsawrl.scheduler.jigsaw.JigsawPolicy` is configured with.
+
+    Args:
+        depth: look-ahead depth in forecast events (0: ``greedy``, the first candidate).
+        migration: move long tails onto fewer ranks and release ranks that drained (off:
+            neither).
+        dynamic_shares: pick compute splits from the slowdown table (else equal splits).
+        max_colocated: rollout engines of different pipelines per device.
+        tail_requests: a rollout with at most this many unfinished requests is a tail.
+        tail_batch: at most this many tail requests per destination rank.
+        history_window: steps of history the rollout prediction pools.
+        min_rollout_fraction: a rollout starts only on at least this fraction of its width.
+        max_train_states: train states on the devices at once.
+
+    Raises:
+        ConfigError: a depth below 0, or a count below 1.
+    """
+
+    depth: int = 2
+    migration: bool = True
+    dynamic_shares: bool = True
+    max_colocated: int = 1
+    tail_requests: int = 128
+    tail_batch: int = 64
+    history_window: int = 3
+    min_rollout_fraction: float = 0.5
+    max_train_states: int = 1
+
+    def __post_init__(self) -> None:
+        if (self.depth < 0 or self.max_colocated < 1 or self.tail_batch < 1
+                or self.max_train_states < 1):
+            raise ConfigError("depth >= 0, max_colocated >= 1, tail_batch >= 1 and "
+                              "max_train_states >= 1 are required", where="scheduler.params")

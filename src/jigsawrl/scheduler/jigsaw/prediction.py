@@ -1,0 +1,114 @@
+"""The ``jigsaw`` policy's predictions: each pipeline's next step timed from its history, and the
+urgency that ranks pipelines.
+
+A step is predicted once, when it is first asked for (:meth:`StepPredictions.ensure`): the
+history predictor (:class:`~jigsawrl.graph.predict.HistoryPredictor`) gives the step's requests,
+one representative rank's rollout timeline gives the generation time, and the graph builder gives
+the post-rollout stages' times. The scheduler never sees sampled lengths (DESIGN.md §2.6).
+Predictions of steps more than one behind the newest are dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from jigsawrl.graph.build import post_rollout_stages, rank_segments, split_ranks
+from jigsawrl.graph.predict import HistoryPredictor
+from jigsawrl.scheduler.base import PipelineView, View
+from jigsawrl.sim.rollout import RolloutInstance
+from jigsawrl.stages import Stage
+from jigsawrl.workload.task_presets import TASKS
+
+
+@dataclass(slots=True)
+class Prediction:
+    """One step's predicted times: generation, and each post-rollout stage."""
+
+    gen_s: float
+    stages_s: dict[str, float]
+
+    @property
+    def step_s(self) -> float:
+        return self.gen_s + sum(self.stages_s.values())
+
+
+class StepPredictions:
+    """Predicted steps per (pipeline, step), and the urgency computed from them.
+
+    Args:
+        window: steps of history pooled by the predictor.
+        kv_mem_bytes: the engines' KV memory per device (read when a step is predicted; the
+            memory plan sets it at the first decision).
+    """
+
+    def __init__(self, window: int, kv_mem_bytes: Callable[[], float]) -> None:
+        self._predictor = HistoryPredictor(window)
+        self._kv_mem_bytes = kv_mem_bytes
+        self._pred: dict[tuple[str, int], Prediction] = {}
+
+    def get(self, pipeline: str, step: int) -> Prediction | None:
+        """The prediction of a step, if it was made (never makes one)."""
+        return self._pred.get((pipeline, step))
+
+    def ensure(self, view: View, pv: PipelineView, step: int) -> Prediction:
+        """The prediction of ``pv``'s ``step``, made now if it was not."""
+        key = (pv.name, step)
+        if key not in self._pred:
+            self._pred[key] = self._predict(view, pv, step)
+        return self._pred[key]
+
+    def _predict(self, view: View, pv: PipelineView, step: int) -> Prediction:
+        n = len(view.devices)
+        spec = pv.spec
+        task = TASKS.get(spec.task)
+        prior_p = int(task.prompt_mean) if task else 128
+        prior_r = int(task.response_median * (1.3 if task and task.multi_turn else 1.0)) \
+            if task else spec.max_response_tokens // 4
+        n_ranks = max(1, n // spec.rollout_tp)
+        reqs = self._predictor.predict(pv.name, step, spec.batch_size * spec.group_size,
+                                       pv.history, prior_p, prior_r, spec.max_response_tokens,
+                                       n_ranks)
+        kv = view.cost.kv_budget_tokens(pv.model, spec.rollout_tp,
+                                        max(self._kv_mem_bytes(), 1.0))
+        # The predictor deals lengths round-robin, so rank 0 holds the longest request and a
+        # representative mix: its predicted timeline is the rollout's (cheap: one rank, not n).
+        inst = RolloutInstance(f"{pv.name}/{step}/pred", pv.model, spec.rollout_tp, view.cost,
+                               kv_budget_tokens=max(kv, 1))
+        inst.add(split_ranks(reqs, n_ranks)[0])
+        segs = rank_segments(inst)
+        gen = segs[-1][2] if segs else 0.0
+        tokens = sum(r.total_tokens for r in reqs)
+        self._pred = {k: v for k, v in self._pred.items() if k[1] >= step - 1}
+        stages = post_rollout_stages(view.cost, pv.model, n, tokens, len(reqs),
+                                     use_ref=spec.use_ref, ppo_epochs=spec.train.ppo_epochs,
+                                     rollout_tp=spec.rollout_tp)
+        return Prediction(gen, stages)
+
+    # ------------------------------------------------------------------ urgency
+    def by_urgency(self, view: View) -> list[PipelineView]:
+        """The unfinished pipelines, most urgent first."""
+        live = [pv for pv in view.pipelines if not pv.finished]
+        return sorted(live, key=lambda pv: -self.urgency(view, pv))
+
+    def urgency(self, view: View, pv: PipelineView) -> float:
+        """Weight × lateness of the current step against its predicted solo time × the share
+        of all remaining work that is this pipeline's (the longest job gates the makespan)."""
+        step = pv.steps_completed
+        starts = [t.start_s for t in pv.running if t.step == step and t.stage == Stage.ROLLOUT]
+        pred = self._pred.get((pv.name, step))
+        if pred is None or pred.step_s <= 0:
+            return pv.spec.latency_weight
+        left = {p.name: self._left_s(p) for p in view.pipelines if not p.finished}
+        mean_left = sum(left.values()) / max(1, len(left))
+        share = left.get(pv.name, 0.0) / mean_left if mean_left > 0 else 1.0
+        ratio = (view.now_s - starts[0]) / pred.step_s if starts else 1.0
+        bound = pv.spec.max_latency_ratio
+        boost = 10.0 if bound is not None and ratio > 0.8 * bound else 1.0
+        return pv.spec.latency_weight * max(1.0, ratio) * boost * max(0.5, share)
+
+    def _left_s(self, pv: PipelineView) -> float:
+        """Predicted remaining work of a pipeline: its remaining steps × predicted step time."""
+        pred = self._pred.get((pv.name, pv.steps_completed))
+        per = pred.step_s if pred is not None else 1.0
+        return per * (pv.spec.steps - pv.steps_completed)
