@@ -19,6 +19,7 @@ from jigsawrl.experiments.simulated import make_cost, run_once, simulate
 from jigsawrl.graph.build import StepShape, build_step_graph, chain_steps
 from jigsawrl.scheduler import get_policy
 from jigsawrl.scheduler.verl import pipeline_resident_bytes
+from jigsawrl.stages import DECODE_BANDS, POST_ROLLOUT, ROLLOUT_BANDS, Stage
 
 # Every registered policy, with fixed params where it would otherwise search variants.
 POLICIES = {
@@ -69,12 +70,11 @@ def check_dependencies(spans: list[Span], steps: list[StepFinished],
     by = defaultdict(list)
     for s in spans:
         by[(s.pipeline, s.step)].append(s)
-    order = ["rollout", "reward", "old_logprob", "ref_logprob", "actor_update", "weight_sync"]
+    order = [Stage.ROLLOUT, *POST_ROLLOUT]
     for (pipe, step), ss in by.items():
         phase = {}
         for s in ss:
-            key = "rollout" if s.stage in ("prefill", "decode_large", "decode_medium",
-                                           "decode_small", "tool_wait") else s.stage
+            key = Stage.ROLLOUT if s.stage in ROLLOUT_BANDS else s.stage
             lo, hi = phase.get(key, (s.start_s, s.end_s))
             phase[key] = (min(lo, s.start_s), max(hi, s.end_s))
         seq = [phase[k] for k in order if k in phase]
@@ -83,8 +83,7 @@ def check_dependencies(spans: list[Span], steps: list[StepFinished],
     ends = {(e.pipeline, e.step): e.end_s for e in steps}
     for (pipe, step), ss in by.items():
         dep = step - 1 - (eta or {}).get(pipe, 0)
-        rollout = [s.start_s for s in ss if s.stage in ("prefill", "decode_large",
-                                                         "decode_medium", "decode_small")]
+        rollout = [s.start_s for s in ss if s.stage in (Stage.PREFILL, *DECODE_BANDS)]
         if (pipe, dep) in ends and rollout:  # the staleness bound is never exceeded
             assert min(rollout) >= ends[(pipe, dep)] - 1e-9, f"{pipe}/{step}: too stale"
 

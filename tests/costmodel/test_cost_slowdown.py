@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jigsawrl.costmodel import SHARE_LEVELS, CostModel
-from jigsawrl.stages import COSTED_STAGES
+from jigsawrl.stages import COSTED_STAGES, Stage
 from jigsawrl.workload.accelerators import ACCELERATORS
 from jigsawrl.workload.models import MODELS
 
@@ -20,21 +20,21 @@ def test_share_levels() -> None:
 
 
 def test_decode_batch_one_barely_slows_prefill_halves() -> None:
-    assert CM.slowdown("decode_small", 0.5, model=Q4, batch=1, ctx_tokens=1000) == \
+    assert CM.slowdown(Stage.DECODE_SMALL, 0.5, model=Q4, batch=1, ctx_tokens=1000) == \
         pytest.approx(1.0, abs=0.02)
-    assert CM.slowdown("prefill", 0.5, model=Q4) == pytest.approx(2.0, rel=0.05)
-    assert CM.slowdown("actor_update", 0.5, model=Q4, tp=4) == pytest.approx(2.0, rel=0.05)
-    assert CM.slowdown("old_logprob", 0.25) == pytest.approx(4.0, rel=0.05)
+    assert CM.slowdown(Stage.PREFILL, 0.5, model=Q4) == pytest.approx(2.0, rel=0.05)
+    assert CM.slowdown(Stage.ACTOR_UPDATE, 0.5, model=Q4, tp=4) == pytest.approx(2.0, rel=0.05)
+    assert CM.slowdown(Stage.OLD_LOGPROB, 0.25) == pytest.approx(4.0, rel=0.05)
 
 
 def test_memory_bound_decode_slows_below_saturation() -> None:
     s_sat = CM.params.s_sat
-    assert CM.slowdown("decode_small", s_sat) == pytest.approx(1.0, abs=0.02)
-    assert CM.slowdown("decode_small", s_sat / 2) > 1.3
+    assert CM.slowdown(Stage.DECODE_SMALL, s_sat) == pytest.approx(1.0, abs=0.02)
+    assert CM.slowdown(Stage.DECODE_SMALL, s_sat / 2) > 1.3
 
 
 def test_share_insensitive_stages() -> None:
-    for stage in ("weight_sync", "reward", "offload", "onload"):
+    for stage in (Stage.WEIGHT_SYNC, Stage.REWARD, Stage.OFFLOAD, Stage.ONLOAD):
         assert CM.slowdown(stage, 0.2) == 1.0
 
 
@@ -59,8 +59,8 @@ def test_table_shape_and_ordering() -> None:
         assert tuple(row) == SHARE_LEVELS
     # compute-bound stages suffer more than the memory-bound tail at every level
     for s in SHARE_LEVELS[:-1]:
-        assert table["prefill"][s] > table["decode_small"][s]
-        assert table["actor_update"][s] > table["decode_large"][s]
+        assert table[Stage.PREFILL][s] > table[Stage.DECODE_SMALL][s]
+        assert table[Stage.ACTOR_UPDATE][s] > table[Stage.DECODE_LARGE][s]
 
 
 def test_unknown_stage() -> None:

@@ -12,6 +12,7 @@ from jigsawrl.executors.simulated import SimulatedExecutor
 from jigsawrl.experiments.resolve import resolve
 from jigsawrl.scheduler import Decision, StartStage, get_policy
 from jigsawrl.scheduler.base import PolicyBase
+from jigsawrl.stages import Stage
 from jigsawrl.workload.requests import RequestTruth, TurnTruth
 
 
@@ -55,13 +56,13 @@ def test_verl_single_step_exact_timeline(fake_cost) -> None:  # noqa: ANN001
     t.append(t[-1] + 0.003 * tokens / 2)
     t.append(t[-1] + 1.0)
     assert spans == sorted([
-        ("prefill", 0, 0.0, 0.1), ("decode_small", 0, 0.1, 3.1),
-        ("prefill", 1, 0.0, 0.1), ("decode_small", 1, 0.1, 6.1),
-        ("reward", 0, round(t[0], 6), round(t[1], 6)),
-        ("old_logprob", 0, round(t[1], 6), round(t[2], 6)),
-        ("ref_logprob", 0, round(t[2], 6), round(t[3], 6)),
-        ("actor_update", 0, round(t[3], 6), round(t[4], 6)),
-        ("weight_sync", 0, round(t[4], 6), round(t[5], 6)),
+        (Stage.PREFILL, 0, 0.0, 0.1), (Stage.DECODE_SMALL, 0, 0.1, 3.1),
+        (Stage.PREFILL, 1, 0.0, 0.1), (Stage.DECODE_SMALL, 1, 0.1, 6.1),
+        (Stage.REWARD, 0, round(t[0], 6), round(t[1], 6)),
+        (Stage.OLD_LOGPROB, 0, round(t[1], 6), round(t[2], 6)),
+        (Stage.REF_LOGPROB, 0, round(t[2], 6), round(t[3], 6)),
+        (Stage.ACTOR_UPDATE, 0, round(t[3], 6), round(t[4], 6)),
+        (Stage.WEIGHT_SYNC, 0, round(t[4], 6), round(t[5], 6)),
     ])
     (step,) = [e for e in res.events if isinstance(e, StepFinished)]
     assert step.end_s == pytest.approx(t[5])
@@ -99,7 +100,7 @@ class Greedy(PolicyBase):
 def test_driver_rejects_not_ready_and_stalls(fake_cost) -> None:  # noqa: ANN001
     exp = experiment()
     ex = FixedExecutor(exp, truth_cost=fake_cost, seed=0, lengths={"p0": [1, 1]})
-    bad = Greedy(StartStage("p0", 0, "actor_update", (0, 1)))
+    bad = Greedy(StartStage("p0", 0, Stage.ACTOR_UPDATE, (0, 1)))
     with pytest.raises(InvariantError, match="not ready"):
         Driver(exp, bad, ex, fake_cost).run()
     ex = FixedExecutor(exp, truth_cost=fake_cost, seed=0, lengths={"p0": [1, 1]})

@@ -10,6 +10,7 @@ from jigsawrl.driver.state import InvariantError
 from jigsawrl.events import SampleFinished, Span, StepFinished
 from jigsawrl.scheduler import Decision, Interrupt, Migrate, SetShare, get_policy
 from jigsawrl.scheduler.base import PolicyBase, task_id
+from jigsawrl.stages import Stage
 
 
 class MigratingVerl(PolicyBase):
@@ -26,7 +27,7 @@ class MigratingVerl(PolicyBase):
     def decide(self, view):  # noqa: ANN001, ANN201
         d = self.inner.decide(view)
         for t in view.pipelines[0].running:
-            if t.stage == "rollout" and not self.done and t.unfinished_per_rank[:1] == (0,):
+            if t.stage == Stage.ROLLOUT and not self.done and t.unfinished_per_rank[:1] == (0,):
                 self.done = True
                 return Decision(d.actions + (self.action_for(t),))
         return d
@@ -50,11 +51,11 @@ def test_migration_moves_requests_and_conserves_samples(fake_cost) -> None:  # n
     assert samples(res) == ["p0/0/0", "p0/0/1"]  # none lost, none duplicated
     spans = [s for s in res.events if isinstance(s, Span) and s.pipeline == "p0"]
     r0 = sorted((s.stage, round(s.start_s, 4), round(s.end_s, 4)) for s in spans if s.rank == 0
-                and s.stage in ("prefill", "decode_small"))
+                and s.stage in (Stage.PREFILL, Stage.DECODE_SMALL))
     # re-prefill of prompt (10) + 3 generated tokens = 13 tokens = 0.13 s on rank 0, then 17 more
-    assert ("prefill", 3.1, 3.23) in r0
-    assert ("decode_small", 3.23, 20.23) in r0
-    r1_end = max(s.end_s for s in spans if s.rank == 1 and s.stage == "decode_small")
+    assert (Stage.PREFILL, 3.1, 3.23) in r0
+    assert (Stage.DECODE_SMALL, 3.23, 20.23) in r0
+    r1_end = max(s.end_s for s in spans if s.rank == 1 and s.stage == Stage.DECODE_SMALL)
     assert r1_end == pytest.approx(3.1)
     step = next(e for e in res.events if isinstance(e, StepFinished))
     assert step.timings_s["gen"] == pytest.approx(20.23)
@@ -72,7 +73,7 @@ def test_per_rank_share_and_released_rank_errors(fake_cost) -> None:  # noqa: AN
     pol = MigratingVerl(lambda t: SetShare(t.task_id, 0.5, rank=1))
     res = run(pol, {"p0": [3, 20]}, fake_cost)
     shares = {s.compute_share for s in res.events if isinstance(s, Span) and s.rank == 1
-              and s.stage == "decode_small"}
+              and s.stage == Stage.DECODE_SMALL}
     assert shares == {1.0, 0.5}
     bad = MigratingVerl(lambda t: Migrate(t.task_id, (1,), 1))
     with pytest.raises(InvariantError, match="bad migration"):
@@ -92,4 +93,4 @@ def test_skew_aware_dispatch_balances_load(fake_cost) -> None:  # noqa: ANN001
     assert [r.generated_tokens for r in contiguous[0]][:2] == [1000, 1000]
     assert [sum(r.generated_tokens == 1000 for r in c) for c in skew] == [1, 1]  # long ones split
     assert sum(len(c) for c in skew) == 8
-    assert task_id("a", 1, "rollout") == "a/1/rollout"
+    assert task_id("a", 1, Stage.ROLLOUT) == "a/1/rollout"

@@ -7,6 +7,7 @@ import pytest
 from jigsawrl.graph.build import StepShape, build_step_graph, chain_steps
 from jigsawrl.graph.predict import HistoryPredictor, StepObservation
 from jigsawrl.graph.substage import SubStageGraph, SubStageNode
+from jigsawrl.stages import POST_ROLLOUT, Stage
 from jigsawrl.workload.models import MODELS
 from jigsawrl.workload.requests import RequestTruth, TurnTruth
 
@@ -24,31 +25,31 @@ def reqs(*lengths: int) -> list[RequestTruth]:
 def test_step_graph_has_per_rank_chains_and_barrier(fake_cost) -> None:  # noqa: ANN001
     g = build_step_graph(shape(), reqs(3, 6), fake_cost)
     stages = [n.stage for n in g.nodes.values()]
-    assert stages.count("prefill") == 2
-    assert {"reward", "old_logprob", "ref_logprob", "actor_update", "weight_sync"} <= set(stages)
-    reward = next(n for n, v in g.nodes.items() if v.stage == "reward")
+    assert stages.count(Stage.PREFILL) == 2
+    assert set(POST_ROLLOUT) <= set(stages)
+    reward = next(n for n, v in g.nodes.items() if v.stage == Stage.REWARD)
     assert len(g.pred[reward]) == 2  # barrier: both ranks
     length, path = g.critical_path()
     # rank 1 (prefill 0.1 + 6 decode) is the tail; then the training chain
     tokens = 10 + 3 + 10 + 6
     expected = 0.1 + 6 + 0.5 + 2 * 0.001 * tokens / 2 + 0.003 * tokens / 2 + 1.0
     assert length == pytest.approx(expected)
-    assert g.nodes[path[0]].rank == 1 and g.nodes[path[-1]].stage == "weight_sync"
+    assert g.nodes[path[0]].rank == 1 and g.nodes[path[-1]].stage == Stage.WEIGHT_SYNC
 
 
 def test_boundness() -> None:
-    n = SubStageNode("x", "p", 0, "decode_small", 0, 1.0)
+    n = SubStageNode("x", "p", 0, Stage.DECODE_SMALL, 0, 1.0)
     assert n.boundness == "memory"
-    assert SubStageNode("y", "p", 0, "actor_update", 0, 1.0).boundness == "compute"
-    assert SubStageNode("z", "p", 0, "tool_wait", 0, 1.0).boundness == "idle"
+    assert SubStageNode("y", "p", 0, Stage.ACTOR_UPDATE, 0, 1.0).boundness == "compute"
+    assert SubStageNode("z", "p", 0, Stage.TOOL_WAIT, 0, 1.0).boundness == "idle"
 
 
 def test_tool_wait_nodes(fake_cost) -> None:  # noqa: ANN001
     r = [RequestTruth("a", 10, (TurnTruth(2, 5.0, 4), TurnTruth(1)))]
     g = build_step_graph(shape(devices=1), r, fake_cost)
-    kinds = [n.stage for n in g.nodes.values() if n.rank == 0 and n.stage != "reward"][:4]
-    assert kinds == ["prefill", "decode_small", "tool_wait", "prefill"]
-    wait = next(n for n in g.nodes.values() if n.stage == "tool_wait")
+    kinds = [n.stage for n in g.nodes.values() if n.rank == 0 and n.stage != Stage.REWARD][:4]
+    assert kinds == [Stage.PREFILL, Stage.DECODE_SMALL, Stage.TOOL_WAIT, Stage.PREFILL]
+    wait = next(n for n in g.nodes.values() if n.stage == Stage.TOOL_WAIT)
     assert wait.duration_s == pytest.approx(5.0)
 
 
@@ -64,8 +65,8 @@ def test_chain_steps_sync_and_async(fake_cost) -> None:  # noqa: ANN001
 
 def test_cycle_detected() -> None:
     g = SubStageGraph()
-    g.add_node(SubStageNode("a", "p", 0, "reward", 0, 1.0))
-    g.add_node(SubStageNode("b", "p", 0, "reward", 0, 1.0))
+    g.add_node(SubStageNode("a", "p", 0, Stage.REWARD, 0, 1.0))
+    g.add_node(SubStageNode("b", "p", 0, Stage.REWARD, 0, 1.0))
     g.add_edge("a", "b")
     g.add_edge("b", "a")
     with pytest.raises(ValueError, match="cycle"):

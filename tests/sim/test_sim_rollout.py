@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from jigsawrl.sim.rollout import RolloutInstance, decode_band
+from jigsawrl.sim.rollout import RolloutInstance
+from jigsawrl.stages import Stage, decode_band
 from jigsawrl.workload.models import MODELS
 from jigsawrl.workload.requests import RequestTruth, TurnTruth
 
@@ -30,27 +31,27 @@ def run(inst: RolloutInstance) -> list[tuple[str, float, float, int]]:
 
 
 def test_bands() -> None:
-    assert decode_band(2000) == "decode_large"
-    assert decode_band(1024) == "decode_large"
-    assert decode_band(500) == "decode_medium"
-    assert decode_band(128) == "decode_medium"
-    assert decode_band(127) == "decode_small"
+    assert decode_band(2000) == Stage.DECODE_LARGE
+    assert decode_band(1024) == Stage.DECODE_LARGE
+    assert decode_band(500) == Stage.DECODE_MEDIUM
+    assert decode_band(128) == Stage.DECODE_MEDIUM
+    assert decode_band(127) == Stage.DECODE_SMALL
 
 
 def test_continuous_batching_timeline(fake_cost) -> None:  # noqa: ANN001
     inst = RolloutInstance("x", M, 1, fake_cost, kv_budget_tokens=10_000)
     inst.add([req("a", 10, 2), req("b", 10, 5)])
     # prefill 20 tokens (0.2 s), decode both 2 iters, then b alone 3 iters
-    assert run(inst) == [("prefill", 0.0, 0.2, 2), ("decode_small", 0.2, 2.2, 2),
-                         ("decode_small", 2.2, 5.2, 1)]
+    assert run(inst) == [(Stage.PREFILL, 0.0, 0.2, 2), (Stage.DECODE_SMALL, 0.2, 2.2, 2),
+                         (Stage.DECODE_SMALL, 2.2, 5.2, 1)]
     assert inst.total_ctx == 0 and inst.n_running == 0
 
 
 def test_max_num_seqs_admits_as_others_finish(fake_cost) -> None:  # noqa: ANN001
     inst = RolloutInstance("x", M, 1, fake_cost, kv_budget_tokens=10_000, max_num_seqs=1)
     inst.add([req("a", 10, 3), req("b", 10, 1)])
-    assert run(inst) == [("prefill", 0.0, 0.1, 1), ("decode_small", 0.1, 3.1, 1),
-                         ("prefill", 3.1, 3.2, 1), ("decode_small", 3.2, 4.2, 1)]
+    assert run(inst) == [(Stage.PREFILL, 0.0, 0.1, 1), (Stage.DECODE_SMALL, 0.1, 3.1, 1),
+                         (Stage.PREFILL, 3.1, 3.2, 1), (Stage.DECODE_SMALL, 3.2, 4.2, 1)]
 
 
 def test_kv_full_preempts_latest_and_recomputes(fake_cost) -> None:  # noqa: ANN001
@@ -58,19 +59,19 @@ def test_kv_full_preempts_latest_and_recomputes(fake_cost) -> None:  # noqa: ANN
     inst = RolloutInstance("x", M, 1, fake_cost, kv_budget_tokens=30)
     inst.add([req("a", 10, 8), req("b", 10, 8)])
     tl = run(inst)
-    assert tl[0] == ("prefill", 0.0, 0.2, 2)
-    assert tl[1] == ("decode_small", 0.2, 5.2, 2)  # 5 iters → ctx 30 = budget
+    assert tl[0] == (Stage.PREFILL, 0.0, 0.2, 2)
+    assert tl[1] == (Stage.DECODE_SMALL, 0.2, 5.2, 2)  # 5 iters → ctx 30 = budget
     assert inst.preemptions >= 1
     # a finishes alone, then b is re-prefilled with its 15 tokens of context and finishes
-    assert ("prefill", 8.2, 8.35, 1) in tl
-    assert tl[-1][0] == "decode_small" and tl[-1][2] == 11.35
+    assert (Stage.PREFILL, 8.2, 8.35, 1) in tl
+    assert tl[-1][0] == Stage.DECODE_SMALL and tl[-1][2] == 11.35
 
 
 def test_multi_turn_prefills_only_tool_result(fake_cost) -> None:  # noqa: ANN001
     inst = RolloutInstance("x", M, 1, fake_cost, kv_budget_tokens=10_000)
     inst.add([req("a", 10, 2, 3, tool_result=5)])
-    assert run(inst) == [("prefill", 0.0, 0.1, 1), ("decode_small", 0.1, 2.1, 1),
-                         ("prefill", 2.1, 2.15, 1), ("decode_small", 2.15, 5.15, 1)]
+    assert run(inst) == [(Stage.PREFILL, 0.0, 0.1, 1), (Stage.DECODE_SMALL, 0.1, 2.1, 1),
+                         (Stage.PREFILL, 2.1, 2.15, 1), (Stage.DECODE_SMALL, 2.15, 5.15, 1)]
 
 
 def test_interrupt_keeps_progress(fake_cost) -> None:  # noqa: ANN001
