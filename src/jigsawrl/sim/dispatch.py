@@ -19,8 +19,6 @@ RANKER_SIGMA = 0.5
 # Second seed word of the ranker's noise (the first is the run's seed, the third the step).
 RANKER_SEED = 7919
 
-DISPATCH_MODES = ("contiguous", "skew_aware")
-
 
 class TruthSampler:
     """The true requests of every (pipeline, step), sampled once each and kept.
@@ -53,7 +51,7 @@ def dispatch_requests(reqs: list[RequestTruth], n: int, how: str, *, seed: int,
     step)``), then dealt longest-predicted-first to the rank with the least predicted load.
 
     Raises:
-        ValueError: on a mode not in :data:`DISPATCH_MODES`.
+        ValueError: on another mode.
     """
     if how == "contiguous":
         return [reqs[len(reqs) * r // n: len(reqs) * (r + 1) // n] for r in range(n)]
