@@ -16,15 +16,25 @@ if os.environ.get("CI"):
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+from jigsawrl.workload.accelerators import ACCELERATORS  # noqa: E402 (after the offline env)
+
 
 class FakeCost:
     """Exact toy costs: 1 s per decode iteration, 0.01 s per prefill token, 0.001 s per training
     token, 1 s per weight sync; compute-bound stages slow by 1/share, decode does not slow."""
 
     decode_iter_s = 1.0
+    accel = ACCELERATORS["h100-80gb"]
 
     class params:  # noqa: N801 (mirrors CostModel.params)
         s_sat = 0.4
+        train_eff = 0.4
+
+    def decode_iter_time_s(self, model, tp, batch, ctx, share=1.0):  # noqa: ANN001
+        return self.decode_iter_s
+
+    def kv_bytes(self, model, tokens, tp):  # noqa: ANN001
+        return float(tokens)  # 1 byte per token, as kv_budget_tokens counts
 
     def decode_span_time_s(self, model, tp, batch, ctx, iters, share=1.0):  # noqa: ANN001
         return self.decode_iter_s * iters
