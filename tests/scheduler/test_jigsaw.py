@@ -13,7 +13,7 @@ from jigsawrl.experiments.resolve import resolve
 from jigsawrl.experiments.simulated import make_cost, run_once
 from jigsawrl.scheduler import Decision, Migrate, SetResident, StartRollout, StartStage, get_policy
 from jigsawrl.scheduler.base import PolicyBase, RunningTask, task_id
-from jigsawrl.scheduler.jigsaw import JigsawPolicy
+from jigsawrl.scheduler.jigsaw import JigsawParams, JigsawPolicy
 from jigsawrl.scheduler.jigsaw.tail import pack
 from jigsawrl.stages import MODEL_PASSES, Stage
 
@@ -98,11 +98,58 @@ def test_single_pipeline_matches_verl(task: str) -> None:
     assert 0.9 <= ratio <= 1.12, ratio  # alone, jigsaw is verl plus tiny offload/onload moves
 
 
-def test_depth_zero_is_greedy() -> None:
-    exp = resolve(cfg(n=3, devices=4))
-    a = run_once(exp, get_policy("jigsaw", {"depth": 0}), 3).events
-    b = run_once(exp, get_policy("greedy"), 3).events
-    assert a == b
+def _second_pass(policy: JigsawPolicy, exp, cost):  # noqa: ANN001, ANN202
+    """Both pipelines' step 0 rolled out and rewarded; the decision after their train states'
+    onloads (returns the model passes it starts, and its view)."""
+    st = DriverState(exp)
+    policy.decide(st.view(0.0, cost))  # placement (the rollout starts are not applied)
+    for p in st.pipes.values():
+        p.done[0] = {Stage.ROLLOUT, Stage.REWARD}
+        p.touch()
+    first = policy.decide(st.view(10.0, cost))
+    onloads = sorted(a.pipeline for a in first.actions
+                     if isinstance(a, StartStage) and a.stage == Stage.ONLOAD)
+    assert onloads == ["p0", "p1"]  # two train states fit at once
+    view = st.view(12.0, cost)  # the onloads are done
+    passes = [(a.pipeline, a.stage) for a in policy.decide(view).actions
+              if isinstance(a, StartStage) and a.stage in MODEL_PASSES]
+    return passes, view
+
+
+def test_lookahead_starts_the_short_pass_where_greedy_starts_the_urgent_long_one() -> None:
+    """A 4B and a 0.6B pipeline both have their old log-probs ready, their train states on the
+    devices: ``greedy`` (no look-ahead) starts the most urgent pipeline's pass — the 4B model's,
+    long; the look-ahead starts the short one first, which by the predicted times is the better
+    order (Smith's rule: w_long × T_short < w_short × T_long, T a pipeline's model passes)."""
+    base = cfg(n=2, devices=4)
+    c = base.model_copy(update={"pipelines": [replace_spec(base.pipelines[0], model="qwen3-4b"),
+                                              base.pipelines[1]]})
+    exp = resolve(c)
+    cost = make_cost(exp)
+    greedy = get_policy("greedy", {"max_train_states": 2})
+    ahead = get_policy("jigsaw", {"max_train_states": 2})
+    assert isinstance(greedy, JigsawPolicy) and isinstance(ahead, JigsawPolicy)
+    greedy_passes, _ = _second_pass(greedy, exp, cost)
+    ahead_passes, view = _second_pass(ahead, exp, cost)
+    assert greedy_passes == [("p0", Stage.OLD_LOGPROB)]
+    assert ahead_passes == [("p1", Stage.OLD_LOGPROB)]
+    w = {p.name: ahead.predictions.urgency(view, p) for p in view.pipelines}
+    t = {}
+    for p in view.pipelines:
+        pred = ahead.predictions.get(p.name, 0)
+        assert pred is not None
+        t[p.name] = sum(pred.stages_s.get(s, 0.0) for s in MODEL_PASSES)
+    assert w["p0"] > w["p1"]  # greedy took the most urgent pipeline's pass
+    assert w["p0"] * t["p1"] < w["p1"] * t["p0"]  # short first lowers the weighted completion
+
+
+def test_greedy_is_jigsaw_with_its_params_but_no_lookahead() -> None:
+    """``greedy`` takes jigsaw's parameters (the ablation differs only in the look-ahead), at
+    depth 0 whatever depth it is given, under its own name."""
+    g = get_policy("greedy", {"max_colocated": 2, "tail_batch": 32, "depth": 3})
+    assert isinstance(g, JigsawPolicy) and g.name == "greedy"
+    assert g.params == JigsawParams(depth=0, max_colocated=2, tail_batch=32)
+    assert get_policy("jigsaw", {"max_colocated": 2}).params.depth == JigsawParams().depth > 0
 
 
 def test_migration_happens_and_conserves_samples() -> None:
