@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from jigsawrl.config import PipelineSpec
+from jigsawrl.costmodel import CostModelProtocol
 from jigsawrl.errors import ConfigError
 from jigsawrl.graph.predict import StepObservation
 from jigsawrl.stages import POST_ROLLOUT, Stage
@@ -213,7 +214,7 @@ class View:
     devices: tuple[DeviceView, ...]
     accelerator: AcceleratorSpec
     accelerators_per_node: int
-    cost: Any  # the belief CostModel (noise-free)
+    cost: CostModelProtocol  # the belief cost model (noise-free)
 
 
 # ---------------------------------------------------------------------------- registry
@@ -251,9 +252,17 @@ _REGISTRY: dict[str, PolicyFactory] = {}
 
 
 def register_policy(name: str) -> Callable[[PolicyFactory], PolicyFactory]:
-    """Class decorator registering a policy under ``scheduler.name``."""
+    """Class decorator registering a policy under ``scheduler.name`` (also a factory function
+    returning one, for a preset of a class: ``verl-serial``, ``greedy``).
+
+    Raises:
+        TypeError: a class that does not inherit :class:`PolicyBase` (whose defaults every
+            caller relies on instead of probing the policy's members).
+    """
 
     def deco(cls: PolicyFactory) -> PolicyFactory:
+        if isinstance(cls, type) and not issubclass(cls, PolicyBase):
+            raise TypeError(f"policy {name!r}: {cls.__name__} must inherit PolicyBase")
         _REGISTRY[name] = cls
         return cls
 

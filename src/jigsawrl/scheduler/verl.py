@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from jigsawrl.costmodel import CostModelProtocol
 from jigsawrl.errors import ConfigError
 from jigsawrl.scheduler.base import (
     Action,
@@ -40,7 +41,7 @@ from jigsawrl.workload.experiment import DEFAULT_GPU_MEMORY_UTILIZATION
 MICRO_BATCH_TOKENS = 16384
 
 
-def pipeline_resident_bytes(cost, pv: PipelineView, n_devices: int) -> float:  # noqa: ANN001
+def pipeline_resident_bytes(cost: CostModelProtocol, pv: PipelineView, n_devices: int) -> float:
     """Persistent per-device state of a colocated pipeline: FSDP train state + reference weights."""
     ref = pv.model.weight_bytes() / n_devices if pv.spec.use_ref else 0.0
     return cost.train_state_bytes(pv.model, n_devices) + ref
