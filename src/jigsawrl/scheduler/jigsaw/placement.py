@@ -12,7 +12,7 @@ pass (DESIGN.md §2.7).
   leaves devices for the pipelines not computing and stays where its state went last time.
 
 Simplification (said here, as DESIGN.md asks): a pass moved to a subset of devices re-gathers its
-shards over NVLink at no modelled cost; only the larger per-device shard is reserved.
+shards over NVLink at no modelled cost; only the extra bytes of its larger shards are reserved.
 """
 
 from __future__ import annotations
