@@ -3,9 +3,14 @@
 One tree describes an experiment for both executors (DESIGN.md §5 "one config tree"): the cluster,
 the pipelines, the scheduler and the seed. Simulation reads the model/task presets of
 ``workload/``; a real run (``jigsawrl run``) reads the engine presets and each pipeline's
-``rollout`` / ``train`` sections. Schema errors (unknown key, wrong type, negative size) are raised
-here as :class:`~jigsawrl.errors.ConfigError` naming the key; semantic checks that need presets
-(unknown model, does not fit in memory) live in ``experiments/resolve.py``.
+``rollout`` / ``train`` sections. Schema errors are raised here as one
+:class:`~jigsawrl.errors.ConfigError` naming each bad key, what it means and its valid range:
+unknown keys (with a "did you mean"), wrong types, empty names, NaN / ±inf anywhere (free-form
+``params`` included), and numbers outside the documented range every numeric field declares
+(``Field(ge=..., le=..., description=...)``; the upper bounds are sanity limits). Semantic
+checks that need presets or files (unknown model, does not fit in memory, a missing
+``length_trace``, a workload over the request budget) live in ``experiments/resolve.py``.
+:func:`iter_fields` walks the schema (tests and docs derive the list of keys from it).
 
 Example::
 
@@ -19,26 +24,67 @@ Example::
 from __future__ import annotations
 
 import difflib
+import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
 
 from jigsawrl.errors import ConfigError
 
+# Upper bounds are sanity limits (far beyond any real setup; they turn a typo such as an extra
+# "000" into a clear error instead of an out-of-memory crash). The number of requests a whole
+# config samples is bounded separately, by the resolvers (experiments/resolve.py).
+MAX_DEVICES_PER_NODE = 64
+MAX_NODES = 4096
+MAX_BATCH = 1_000_000
+MAX_GROUP = 1024
+MAX_STEPS = 1_000_000
+MAX_TOKENS = 1_048_576
+MAX_TP = 64
+MAX_PIPELINES = 1024
+MAX_SEED = 2**32 - 1
+NAME_PATTERN = r"^[A-Za-z0-9_.-]+$"
+
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: NaN and ±inf are refused for every float and int field.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+def _finite_tree(value: Any, path: str = "") -> Any:
+    """Refuse NaN / ±inf anywhere inside a free-form mapping (policy or task params)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{path or 'value'} must be a finite number, got {value}")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _finite_tree(v, f"{path}.{k}" if path else str(k))
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            _finite_tree(v, f"{path}.{i}" if path else str(i))
+    return value
 
 
 class ClusterSpec(_Strict):
     """The accelerator pool. ``accelerator`` is a preset name (``jigsawrl list accelerators``)."""
 
-    accelerator: str = "h100-80gb"
-    num_nodes: int = Field(1, ge=1)
-    accelerators_per_node: int = Field(8, ge=1)
-    price_per_hour: float | None = Field(None, ge=0, description="override of the preset's $/h")
+    accelerator: str = Field("h100-80gb", min_length=1,
+                             description="accelerator preset: jigsawrl list accelerators")
+    num_nodes: int = Field(1, ge=1, le=MAX_NODES, description="nodes in the pool")
+    accelerators_per_node: int = Field(8, ge=1, le=MAX_DEVICES_PER_NODE,
+                                       description="devices per node")
+    price_per_hour: float | None = Field(None, ge=0, le=1000,
+                                         description="override of the preset's $/h per device")
 
     @property
     def num_devices(self) -> int:
@@ -48,59 +94,78 @@ class ClusterSpec(_Strict):
 class RolloutSpec(_Strict):
     """Sampling settings of a real rollout engine (ignored by the simulator)."""
 
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_batch_tokens: int = Field(4096, ge=1, description="continuous-batching token budget")
-    tool_latency_s: float = Field(0.0, ge=0, description="extra latency added to each tool call")
-    max_num_seqs: int = Field(64, ge=1, description="most requests decoding at once")
+    temperature: float = Field(1.0, ge=0, le=10, description="sampling temperature, 0 = greedy")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus-sampling mass")
+    max_batch_tokens: int = Field(4096, ge=1, le=10_000_000,
+                                  description="continuous-batching token budget")
+    tool_latency_s: float = Field(0.0, ge=0, le=3600,
+                                  description="extra latency added to each tool call")
+    max_num_seqs: int = Field(64, ge=1, le=100_000, description="most requests decoding at once")
     task_params: dict[str, Any] = Field(default_factory=dict,
                                         description="task constructor params, e.g. difficulty")
+
+    @field_validator("task_params")
+    @classmethod
+    def _finite(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return _finite_tree(value)
 
 
 class TrainSpec(_Strict):
     """Trainer settings of a real pipeline (ignored by the simulator)."""
 
-    lr: float = Field(5e-5, gt=0)
-    kl_coef: float = Field(0.0, ge=0)
-    clip_eps: float = Field(0.2, gt=0)
-    micro_batch_size: int = Field(64, ge=1)
-    ppo_epochs: int = Field(1, ge=1)
-    grad_clip: float = Field(1.0, gt=0)
-    warmup_steps: int = Field(150, ge=0, description="supervised warm-start steps before RL")
-    warmup_lr: float = Field(1e-3, gt=0)
-    warmup_batch_size: int = Field(32, ge=1, description="demos per supervised warm-start step")
-    eval_size: int = Field(64, ge=0, description="held-out prompts for greedy eval before/after")
+    lr: float = Field(5e-5, gt=0, le=1, description="RL learning rate")
+    kl_coef: float = Field(0.0, ge=0, le=100, description="KL penalty to the reference")
+    clip_eps: float = Field(0.2, gt=0, le=10, description="PPO/GRPO ratio clip")
+    micro_batch_size: int = Field(64, ge=1, le=100_000, description="samples per backward pass")
+    ppo_epochs: int = Field(1, ge=1, le=100, description="update passes over a step's batch")
+    grad_clip: float = Field(1.0, gt=0, le=1e6, description="gradient-norm clip")
+    warmup_steps: int = Field(150, ge=0, le=MAX_STEPS,
+                              description="supervised warm-start steps before RL")
+    warmup_lr: float = Field(1e-3, gt=0, le=1, description="warm-start learning rate")
+    warmup_batch_size: int = Field(32, ge=1, le=100_000,
+                                   description="demos per supervised warm-start step")
+    eval_size: int = Field(64, ge=0, le=MAX_BATCH,
+                           description="held-out prompts for greedy eval before/after")
     recompute_old_logprobs: bool = Field(
         True, description="separate old-log-prob pass; False reuses the update's own forward "
                           "when ppo_epochs is 1 (exactly on-policy, as TRL does)")
-    threads: int = Field(0, ge=0, description="torch threads; 0 = all cores")
-    checkpoint_every: int = Field(0, ge=0, description="steps between checkpoints; 0 = only at end")
+    threads: int = Field(0, ge=0, le=1024, description="torch threads; 0 = all cores")
+    checkpoint_every: int = Field(0, ge=0, le=MAX_STEPS,
+                                  description="steps between checkpoints; 0 = only at end")
 
 
 class PipelineSpec(_Strict):
     """One RL pipeline. Sizes are per training step (global batch = batch_size × group_size)."""
 
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
-    model: str
-    task: str
-    algorithm: Literal["grpo", "ppo"] = "grpo"
-    batch_size: int = Field(64, ge=1, description="prompts per step")
-    group_size: int = Field(4, ge=1, description="responses per prompt")
-    max_response_tokens: int = Field(8192, ge=1)
-    mode: Literal["sync", "async"] = "sync"
-    max_staleness: int = Field(0, ge=0)
-    steps: int = Field(10, ge=1)
-    rollout_tp: int = Field(1, ge=1)
-    train_tp: int = Field(1, ge=1)
-    num_devices: int | None = Field(None, ge=1, description="devices for this pipeline's own share")
+    name: str = Field(min_length=1, max_length=128, pattern=NAME_PATTERN,
+                      description="unique pipeline name: letters, digits, _ . -")
+    model: str = Field(min_length=1, description="model preset: jigsawrl list models")
+    task: str = Field(min_length=1, description="task preset: jigsawrl list tasks")
+    algorithm: Literal["grpo", "ppo"] = Field("grpo", description="RL algorithm")
+    batch_size: int = Field(64, ge=1, le=MAX_BATCH, description="prompts per step")
+    group_size: int = Field(4, ge=1, le=MAX_GROUP, description="responses per prompt")
+    max_response_tokens: int = Field(8192, ge=1, le=MAX_TOKENS,
+                                     description="cap on generated tokens per response")
+    mode: Literal["sync", "async"] = Field("sync", description="sync or one-off-policy async")
+    max_staleness: int = Field(0, ge=0, le=1000,
+                               description="steps a rollout may lag the policy, async only")
+    steps: int = Field(10, ge=1, le=MAX_STEPS, description="training steps")
+    rollout_tp: int = Field(1, ge=1, le=MAX_TP, description="rollout tensor parallelism")
+    train_tp: int = Field(1, ge=1, le=MAX_TP, description="training tensor parallelism")
+    num_devices: int | None = Field(None, ge=1, le=MAX_NODES * MAX_DEVICES_PER_NODE,
+                                    description="devices for this pipeline's own share")
     use_ref: bool = Field(True, description="compute reference log-probs (KL) each step")
-    length_trace: str | None = Field(None, description="file of response lengths to replay")
-    length_drift_per_step: float = Field(0.0, description="relative growth of lengths per step")
-    latency_weight: float = Field(1.0, gt=0, description="scheduler priority weight")
-    max_latency_ratio: float | None = Field(None, gt=1.0, description="step-latency bound vs solo")
-    start_s: float = Field(0.0, ge=0, description="arrival time of the pipeline")
-    rollout: RolloutSpec = RolloutSpec()
-    train: TrainSpec = TrainSpec()
+    length_trace: str | None = Field(None, min_length=1,
+                                     description="file of response lengths to replay")
+    length_drift_per_step: float = Field(
+        0.0, gt=-1, le=1, description="relative growth of response lengths per step: "
+        "0.01 = 1% longer each step, negative = shorter, 1 = doubling")
+    latency_weight: float = Field(1.0, gt=0, le=1000, description="scheduler priority weight")
+    max_latency_ratio: float | None = Field(None, gt=1.0, le=1000,
+                                            description="step-latency bound vs solo")
+    start_s: float = Field(0.0, ge=0, le=1e7, description="arrival time of the pipeline, s")
+    rollout: RolloutSpec = Field(RolloutSpec(), description="real-run rollout settings")
+    train: TrainSpec = Field(TrainSpec(), description="real-run trainer settings")
 
     @model_validator(mode="after")
     def _check(self) -> PipelineSpec:
@@ -110,16 +175,23 @@ class PipelineSpec(_Strict):
 
 
 class SchedulerSpec(_Strict):
-    name: str = "verl"
-    params: dict[str, Any] = Field(default_factory=dict)
+    name: str = Field("verl", min_length=1, description="policy: jigsawrl list schedulers")
+    params: dict[str, Any] = Field(default_factory=dict, description="the policy's parameters")
+
+    @field_validator("params")
+    @classmethod
+    def _finite(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return _finite_tree(value)
 
 
 class ExperimentConfig(_Strict):
-    cluster: ClusterSpec = ClusterSpec()
-    pipelines: list[PipelineSpec] = Field(min_length=1)
-    scheduler: SchedulerSpec = SchedulerSpec()
-    seed: int = 0
-    name: str | None = None
+    cluster: ClusterSpec = Field(ClusterSpec(), description="the accelerator pool")
+    pipelines: list[PipelineSpec] = Field(min_length=1, max_length=MAX_PIPELINES,
+                                          description="the RL pipelines")
+    scheduler: SchedulerSpec = Field(SchedulerSpec(), description="the multiplexing policy")
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="seed of the sampled workload")
+    name: str | None = Field(None, min_length=1, max_length=128, pattern=NAME_PATTERN,
+                             description="run name, default: the config file's stem")
 
     @model_validator(mode="after")
     def _unique_names(self) -> ExperimentConfig:
@@ -218,37 +290,97 @@ def _index(node: list[Any], part: str, path: list[str]) -> int:
 
 
 def _to_config_error(exc: ValidationError, source: str) -> ConfigError:
-    """Turn pydantic's report into one message per problem, each naming its key and a fix."""
+    """Turn pydantic's report into one message, a line per problem, each naming its key, what
+    the key means and its valid range (or a fix)."""
     lines = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
         msg = err["msg"].removeprefix("Value error, ")
-        fix = ""
         if err["type"] == "extra_forbidden":
-            fix = _suggest_key(err["loc"])
+            hint = _suggest_key(err["loc"])
         elif err["type"] == "missing":
-            fix = " (add this key)"
-        lines.append(f"{loc}: {msg}{fix}")
+            hint = " (add this key)"
+        else:
+            hint = _field_hint(err["loc"])
+        lines.append(f"{loc}: {msg}{hint}")
     return ConfigError("invalid config\n  " + "\n  ".join(lines), where=source)
 
 
-def _suggest_key(loc: tuple[Any, ...]) -> str:
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    """The config section a field holds (a model, a list of models, or an optional model)."""
+    for a in (annotation, *getattr(annotation, "__args__", ())):
+        if isinstance(a, type) and issubclass(a, BaseModel):
+            return a
+    return None
+
+
+def _section(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The model whose field ``loc[-1]`` is (list indices in ``loc`` are skipped)."""
     model: type[BaseModel] | None = ExperimentConfig
     for part in loc[:-1]:
         if model is None or isinstance(part, int):
             continue
         field = model.model_fields.get(str(part))
-        if field is None:
-            return ""
-        ann = field.annotation
-        args = getattr(ann, "__args__", ())
-        model = next((a for a in (ann, *args) if isinstance(a, type) and issubclass(a, BaseModel)),
-                     None)
+        model = None if field is None else _model_of(field.annotation)
+    return model
+
+
+def _suggest_key(loc: tuple[Any, ...]) -> str:
+    model = _section(loc)
     if model is None:
         return ""
     close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1)
     known = ", ".join(model.model_fields)
     return f" (did you mean {close[0]!r}?)" if close else f" (known keys: {known})"
+
+
+def _field_hint(loc: tuple[Any, ...]) -> str:
+    """`` (what the key is; valid: range)`` for the field at ``loc`` ('' when unknown)."""
+    if not loc or isinstance(loc[-1], int):
+        return ""
+    model = _section(loc)
+    info = None if model is None else model.model_fields.get(str(loc[-1]))
+    if info is None:
+        return ""
+    parts = [info.description or "", field_range(info)]
+    text = "; ".join(p for p in parts if p)
+    return f" ({text})" if text else ""
+
+
+def field_range(info: FieldInfo) -> str:
+    """The documented valid range of a numeric field, e.g. ``valid: 1 to 1,000,000``."""
+    bounds = {k: getattr(m, k) for m in info.metadata for k in ("ge", "gt", "le", "lt")
+              if getattr(m, k, None) is not None}
+    if not bounds:
+        return ""
+
+    def num(v: float) -> str:
+        return f"{v:,}" if isinstance(v, int) else f"{v:g}"
+
+    low = (f"{num(bounds['ge'])}" if "ge" in bounds else
+           f"> {num(bounds['gt'])}" if "gt" in bounds else "")
+    high = (f"{num(bounds['le'])}" if "le" in bounds else
+            f"< {num(bounds['lt'])}" if "lt" in bounds else "")
+    if low and high:
+        return f"valid: {low} to {high}" if "ge" in bounds else f"valid: {low} and <= {high}"
+    return f"valid: {low or high}"
+
+
+def iter_fields(model: type[BaseModel] = ExperimentConfig,
+                prefix: str = "") -> Iterator[tuple[str, FieldInfo, type[BaseModel] | None]]:
+    """Every key of the config schema as ``(dotted path, field, section model or None)``.
+
+    A list of sections (``pipelines``) is walked through its first element (``pipelines.0``);
+    a section is yielded itself, then its keys. Tests and the docs derive the schema from this,
+    so a new field is covered without editing them.
+    """
+    for name, info in model.model_fields.items():
+        path = f"{prefix}{name}"
+        sub = _model_of(info.annotation)
+        yield path, info, sub
+        if sub is not None:
+            is_list = getattr(info.annotation, "__origin__", None) is list
+            yield from iter_fields(sub, f"{path}.0." if is_list else f"{path}.")
 
 
 def dump_config(cfg: ExperimentConfig) -> str:

@@ -84,7 +84,8 @@ class RequestSampler:
         task: the task distribution.
         group_size: samples per prompt (GRPO group).
         max_response_tokens: cap on generated tokens per sample (all turns together).
-        drift_per_step: relative growth of response medians per step (RL responses lengthen).
+        drift_per_step: relative growth of response medians per step (RL responses lengthen;
+            negative: they shorten; the config keeps it finite and above -1).
         trace: optional measured response lengths to resample instead of the lognormal.
     """
 
@@ -100,7 +101,7 @@ class RequestSampler:
                     batch_size: int) -> list[RequestTruth]:
         """All samples of one step: ``batch_size`` prompts × ``group_size`` responses."""
         out: list[RequestTruth] = []
-        growth = (1.0 + self.drift_per_step) ** step
+        growth = self.growth(step)
         for p in range(batch_size):
             if self.trace:
                 out.extend(self._from_trace(rng, pipeline, step, p))
@@ -113,12 +114,23 @@ class RequestSampler:
                 out.append(RequestTruth(sid, prompt, self._turns(rng, median)))
         return out
 
+    def growth(self, step: int) -> float:
+        """The factor response medians have grown by at ``step`` (``inf`` past float range:
+        lengths are capped at ``max_response_tokens`` anyway)."""
+        try:
+            return (1.0 + self.drift_per_step) ** step
+        except OverflowError:
+            return math.inf
+
     def _turns(self, rng: np.random.Generator, median: float) -> tuple[TurnTruth, ...]:
         t = self.task
         budget = self.max_response_tokens
         turns: list[TurnTruth] = []
         for i in range(t.max_turns):
-            n = int(min(budget, max(1, round(median * math.exp(rng.normal(0, t.response_sigma))))))
+            # Capped before rounding, so a median grown past float range is the cap, not a
+            # crash (for finite lengths this is the same as capping after).
+            draw = median * math.exp(rng.normal(0, t.response_sigma))
+            n = int(max(1, round(min(float(budget), draw))))
             budget -= n
             more = i + 1 < t.max_turns and budget > 0 and rng.random() < t.continue_prob
             if not more:
