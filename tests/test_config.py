@@ -92,3 +92,143 @@ def test_missing_and_malformed_files(tmp_path: Path) -> None:
     bad.write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_config(bad)
+
+
+# ------------------------------------------------------------------ reliability: every input
+
+def test_measured_crashes_are_now_clear_errors() -> None:
+    """The two tracebacks the issue measured: a MemoryError and a NaN cast."""
+    with pytest.raises(ConfigError, match=r"pipelines\.0\.batch_size: .*less than or equal"):
+        load_config(data=cfg(batch_size=1_000_000_000))
+    with pytest.raises(ConfigError, match=r"pipelines\.0\.length_drift_per_step: .*finite"):
+        load_config(data=cfg(length_drift_per_step=float("nan")))
+
+
+def test_range_errors_say_what_the_key_is_and_its_valid_range() -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_config(data=cfg(group_size=0))
+    assert "responses per prompt; valid: 1 to 1,024" in str(exc.value)
+    with pytest.raises(ConfigError, match=r"valid: > -1 and <= 1"):
+        load_config(data=cfg(length_drift_per_step=-1))
+
+
+def test_a_shrinking_drift_is_valid_and_shortens_responses() -> None:
+    import numpy as np
+
+    exp = resolve(load_config(data=cfg(length_drift_per_step=-0.5, steps=3)))
+    sampler = exp.pipelines[0].sampler
+
+    def mean_len(step: int) -> float:
+        reqs = sampler.sample_step(np.random.default_rng(0), "a", step, 16)
+        return sum(r.response_tokens for r in reqs) / len(reqs)
+
+    assert mean_len(2) < mean_len(0)
+
+
+def test_growth_past_float_range_is_the_cap_not_a_crash() -> None:
+    import numpy as np
+
+    exp = resolve(load_config(data=cfg(length_drift_per_step=1.0, steps=2000, batch_size=1,
+                                       group_size=1, max_response_tokens=64)))
+    sampler = exp.pipelines[0].sampler
+    assert sampler.growth(1500) == float("inf")
+    (req,) = sampler.sample_step(np.random.default_rng(0), "a", 1500, 1)
+    assert req.response_tokens == 64
+
+
+def test_free_form_params_must_be_finite() -> None:
+    with pytest.raises(ConfigError, match=r"scheduler\.params: depth must be a finite number"):
+        load_config(data=cfg(), overrides=["scheduler.params.depth=.nan"])
+    with pytest.raises(ConfigError, match=r"pipelines\.0\.rollout\.task_params: a\.0"):
+        load_config(data=cfg(), overrides=["pipelines.0.rollout.task_params.a=[.inf]"])
+
+
+def test_length_trace_that_does_not_exist_names_the_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as exc:
+        resolve(load_config(data=cfg(length_trace="no/such/trace.txt")))
+    text = str(exc.value)
+    assert text.startswith("pipelines.0.length_trace: 'no/such/trace.txt'")
+    assert "not found" in text and "current folder" in text
+    bad = tmp_path / "t.txt"
+    bad.write_text("12,abc\n")
+    with pytest.raises(ConfigError, match=r"pipelines\.0\.length_trace: .*line 1"):
+        resolve(load_config(data=cfg(length_trace=str(bad))))
+
+
+@pytest.mark.parametrize("overrides,where,suggestion", [
+    (["cluster.accelerator=h100-80g"], "cluster.accelerator", "did you mean 'h100-80gb'"),
+    (["pipelines.0.model=qwen3-4"], "pipelines.0.model", "did you mean 'qwen3-4b'"),
+    (["pipelines.0.task=gsm8"], "pipelines.0.task", "did you mean 'gsm8k'"),
+    (["scheduler.name=jigsw"], "scheduler.name", "did you mean 'jigsaw'"),
+])
+def test_vocabularies_suggest_on_a_typo(overrides: list[str], where: str,
+                                        suggestion: str) -> None:
+    from jigsawrl.experiments.simulated import simulate
+
+    with pytest.raises(ConfigError) as exc:
+        simulate(load_config(data=cfg(), overrides=overrides), solo=False)
+    assert exc.value.where == where and suggestion in str(exc.value)
+
+
+@pytest.mark.parametrize("overrides,where,suggestion", [
+    (["cluster.accelerator=cpu-workr"], "cluster.accelerator", "did you mean 'cpu-worker'"),
+    (["pipelines.0.model=qwen2-1n"], "pipelines.0.model", "did you mean 'qwen2-1m'"),
+    (["pipelines.0.task=countdwn"], "pipelines.0.task", "did you mean 'countdown'"),
+    (["scheduler.name=jigsaww"], "scheduler.name", "did you mean 'jigsaw'"),
+])
+def test_real_vocabularies_suggest_on_a_typo(overrides: list[str], where: str,
+                                             suggestion: str) -> None:
+    from jigsawrl.experiments.resolve import resolve_real
+
+    with pytest.raises(ConfigError) as exc:
+        resolve_real(load_config("configs/real/bench.yaml", overrides))
+    assert exc.value.where == where and suggestion in str(exc.value)
+
+
+def test_request_budget_is_checked_before_sampling(monkeypatch: pytest.MonkeyPatch) -> None:
+    from jigsawrl.experiments import resolve as res
+    from jigsawrl.workload.task_presets import RequestSampler
+
+    def never(*_a, **_k):  # noqa: ANN002, ANN003, ANN202
+        raise AssertionError("sampled before the budget check")
+
+    monkeypatch.setattr(RequestSampler, "sample_step", never)
+    big = load_config(data=cfg(batch_size=1_000_000, group_size=4, steps=10))
+    assert res.sampled_requests(big) == 40_000_000
+    with pytest.raises(ConfigError) as exc:
+        res.resolve(big)
+    text = str(exc.value)
+    assert exc.value.where == "pipelines"
+    assert "40,000,000 requests" in text and "budget of 2,000,000" in text
+    assert "pipelines.0 ('a'): 1,000,000 × 4 × 10" in text
+    assert "--max-requests 40000000" in text and "JIGSAWRL_MAX_REQUESTS" in text
+    with pytest.raises(ConfigError, match="budget of 2,000,000"):
+        res.resolve_real(load_config("configs/real/bench.yaml",
+                                     ["pipelines.0.batch_size=1000000"]))
+
+
+def test_request_budget_can_be_raised_and_lowered_for_a_block() -> None:
+    from jigsawrl.experiments import resolve as res
+
+    c = load_config(data=cfg(batch_size=8, group_size=2, steps=1))  # 16 requests
+    with res.request_budget(15), pytest.raises(ConfigError, match="16 requests"):
+        res.resolve(c)
+    with res.request_budget(16):
+        res.resolve(c)
+    assert res.max_requests() == res.DEFAULT_MAX_REQUESTS
+    with pytest.raises(ConfigError, match="at least 1"), res.request_budget(0):
+        pass
+
+
+def test_shipped_configs_are_far_below_the_default_budget() -> None:
+    import yaml
+
+    from jigsawrl.config import validate_config
+    from jigsawrl.experiments.resolve import DEFAULT_MAX_REQUESTS, sampled_requests
+
+    sizes = []
+    for path in sorted(Path("configs").rglob("*.yaml")):
+        raw = yaml.safe_load(path.read_text())
+        raw.pop("bench", None)
+        sizes.append(sampled_requests(validate_config(raw)))
+    assert max(sizes) <= 25_000 and max(sizes) * 50 < DEFAULT_MAX_REQUESTS

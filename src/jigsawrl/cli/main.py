@@ -33,10 +33,19 @@ bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks that print measur
 app.add_typer(bench_app, name="bench")
 
 @app.callback()
-def _main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="debug logs")] = False
-          ) -> None:
+def _main(ctx: typer.Context,
+          verbose: Annotated[bool, typer.Option("--verbose", "-v", help="debug logs")] = False,
+          max_requests: Annotated[int | None, typer.Option(
+              "--max-requests", min=1, envvar="JIGSAWRL_MAX_REQUESTS", show_default=False,
+              help="most requests a config may sample (Σ batch_size × group_size × steps over "
+                   "its pipelines), checked before anything is sampled [default: 2,000,000]")
+          ] = None) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    if max_requests is not None:  # for this command only (restored when it ends)
+        from jigsawrl.experiments.resolve import request_budget
+
+        ctx.with_resource(request_budget(max_requests))
 
 
 # ---------------------------------------------------------------------------- simulate
@@ -95,7 +104,11 @@ def compare(
         "--out", help="write compare.json, compare.png and per-policy timelines here")] = None,
     baseline: Annotated[str | None, typer.Option(help="policy the ratios are taken to")] = None,
 ) -> None:
-    """Run several policies on one config, side by side, and print one table."""
+    """Run several policies on one config, side by side, and print one table.
+
+    A policy that cannot run the workload is listed as skipped, with its reason (also in
+    compare.json under "skipped"); the others are compared. Exit 2 only if none can run.
+    """
     from jigsawrl.config import load_config
     from jigsawrl.experiments.compare import compare_policies
     from jigsawrl.metrics.report import compare_table
@@ -106,7 +119,13 @@ def compare(
         task = prog.add_task("comparing", total=len(names) * seeds)
         result = compare_policies(cfg, names, seeds=seeds, on_run=lambda: prog.advance(task),
                                   baseline=baseline, keep_events=out_dir is not None)
-    out.print(compare_table(result.mean_summaries, baseline=result.baseline))
+    out.print(compare_table(result.mean_summaries, baseline=result.baseline,
+                            skipped=result.skipped), highlight=False)
+    if result.requested_baseline:
+        out.print(f"[yellow]baseline {result.requested_baseline} could not run[/]; ratios are "
+                  f"to {result.baseline}", highlight=False)
+    for note in result.notes:
+        out.print(f"[yellow]note[/]: {note.splitlines()[0]}", highlight=False)
     if out_dir is not None:  # compare.json, compare.png, <policy>/ run folders with timelines
         from jigsawrl.config import dump_config
         from jigsawrl.experiments.compare import write_compare

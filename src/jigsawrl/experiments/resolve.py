@@ -2,18 +2,31 @@
 presets looked up, feasibility checked — for simulated runs (:func:`resolve`) and real runs on
 Ray (:func:`resolve_real`).
 
-Schema errors are caught in ``config.py``; here we catch what needs the presets: unknown
-accelerator / model / task names, TP larger than a node, a model that cannot fit, a pipeline that
-asks for more devices than the cluster has. Each error names the key and the fix.
+Schema errors are caught in ``config.py``; here we catch what needs the presets or the file
+system: unknown accelerator / model / task / scheduler names (with a "did you mean"), a
+``length_trace`` that cannot be read, TP larger than a node, a model that cannot fit, a pipeline
+that asks for more devices than the cluster has, and a workload larger than the *request budget*.
+Each error names the key and the fix.
+
+The request budget: a config samples Σ batch_size × group_size × steps requests over its
+pipelines, all held in memory by the simulator (~0.5 KB each). Both resolvers refuse a config over
+the budget — :data:`DEFAULT_MAX_REQUESTS`, sized for a laptop; the largest shipped config samples
+~20,000 — *before* anything is sampled, with the size, the budget and the fix. ``jigsawrl
+--max-requests N`` (or ``JIGSAWRL_MAX_REQUESTS``) raises it for one command
+(:func:`request_budget`).
 """
 
 from __future__ import annotations
 
 import difflib
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 from jigsawrl.config import ExperimentConfig, PipelineSpec
-from jigsawrl.errors import ConfigError
+from jigsawrl.errors import ConfigError, InputError
 from jigsawrl.workload.accelerators import ACCELERATORS, AcceleratorSpec
+from jigsawrl.workload.engine_models import ENGINE_MODELS
 from jigsawrl.workload.experiment import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
     Experiment,
@@ -23,15 +36,104 @@ from jigsawrl.workload.models import MODELS, ModelSpec
 from jigsawrl.workload.realpresets import REAL_ACCELERATORS, engine_model_spec
 from jigsawrl.workload.task_presets import TASKS, RequestSampler, TaskSpec, load_length_trace
 
+# Requests (prompts × responses × steps, all pipelines) a config may sample: 100x the largest
+# shipped config (configs/scale-64.yaml, configs/real/arithmetic.yaml: 20,480), about 1 GB of
+# sampled requests — a laptop's worth.
+DEFAULT_MAX_REQUESTS = 2_000_000
+MAX_REQUESTS_ENV = "JIGSAWRL_MAX_REQUESTS"
+# The budget in force: a module value rather than a context variable, so that every thread of a
+# command sees the budget its CLI flag set (request_budget restores the old value on exit).
+_max_requests = DEFAULT_MAX_REQUESTS
 
-def _lookup(table: dict, name: str, where: str, what: str):  # noqa: ANN202
+
+def max_requests() -> int:
+    """The request budget in force (:data:`DEFAULT_MAX_REQUESTS` unless raised)."""
+    return _max_requests
+
+
+@contextmanager
+def request_budget(limit: int | None) -> Iterator[None]:
+    """Run the block with a request budget of ``limit`` (None: the default).
+
+    Raises:
+        ConfigError: ``limit`` below 1.
+    """
+    global _max_requests
+    if limit is not None and limit < 1:
+        raise ConfigError(f"the request budget must be at least 1, got {limit}",
+                          where="--max-requests")
+    before = _max_requests
+    _max_requests = DEFAULT_MAX_REQUESTS if limit is None else limit
+    try:
+        yield
+    finally:
+        _max_requests = before
+
+
+def sampled_requests(cfg: ExperimentConfig) -> int:
+    """How many requests ``cfg`` samples: Σ batch_size × group_size × steps over pipelines."""
+    return sum(p.batch_size * p.group_size * p.steps for p in cfg.pipelines)
+
+
+def check_request_budget(cfg: ExperimentConfig, limit: int | None = None) -> None:
+    """Refuse a config that samples more requests than the budget, before anything is sampled.
+
+    Raises:
+        ConfigError: with the size, the budget, the largest pipeline and the fix.
+    """
+    limit = max_requests() if limit is None else limit
+    total = sampled_requests(cfg)
+    if total <= limit:
+        return
+    i, p = max(enumerate(cfg.pipelines),
+               key=lambda ip: ip[1].batch_size * ip[1].group_size * ip[1].steps)
+    raise ConfigError(
+        f"this config samples {total:,} requests (batch_size × group_size × steps, summed over "
+        f"{len(cfg.pipelines)} pipeline(s)), over the budget of {limit:,}; the largest is "
+        f"pipelines.{i} ({p.name!r}): {p.batch_size:,} × {p.group_size:,} × {p.steps:,}",
+        where="pipelines",
+        fix=f"lower batch_size, group_size or steps, or raise the budget for one command: "
+            f"jigsawrl --max-requests {_round_up(total)} ... (or {MAX_REQUESTS_ENV}; each request "
+            f"is held in memory, ~0.5 KB)")
+
+
+def _round_up(n: int) -> int:
+    """``n`` rounded up to two significant digits (a budget to suggest)."""
+    step = 10 ** max(0, len(str(n)) - 2)
+    return -(-n // step) * step
+
+
+def _lookup(table: Iterable[str] | dict[str, Any], name: str, where: str, what: str,
+            listing: str | None = None):  # noqa: ANN202
+    """``table[name]`` (or ``name`` for a list), else a ConfigError with a "did you mean"."""
     if name in table:
-        return table[name]
+        return table[name] if isinstance(table, dict) else name
     close = difflib.get_close_matches(name, list(table), n=1)
     hint = f"did you mean {close[0]!r}? " if close else ""
+    listing = listing or f"jigsawrl list {what}s"
     raise ConfigError(f"unknown {what} {name!r}", where=where,
-                      fix=f"{hint}known: {', '.join(sorted(table))} "
-                      f"(see `jigsawrl list {what}s`)")
+                      fix=f"{hint}known: {', '.join(sorted(table))} (see `{listing}`)")
+
+
+def check_policy(name: str, where: str = "scheduler.name") -> str:
+    """``name`` if it is a registered policy, else a ConfigError with a "did you mean".
+
+    ``unknown scheduler`` is the wording ``scheduler.base.get_policy`` uses too.
+    """
+    from jigsawrl.scheduler import list_policies
+
+    return _lookup(list_policies(), name, where, "scheduler")
+
+
+def _load_trace(where: str, path: str) -> list[tuple[int, int]]:
+    """The length trace of ``where`` (a file problem is a ConfigError naming the key)."""
+    try:
+        return load_length_trace(path)
+    except InputError as exc:
+        first = str(exc).splitlines()[0].removeprefix(f"{exc.where}: ")
+        rel = "" if path.startswith("/") else " (a relative path is read from the current folder)"
+        raise ConfigError(f"{path!r}: {first}", where=f"{where}.length_trace",
+                          fix=f"{exc.fix or 'fix the file'}{rel}") from None
 
 
 def resolve(cfg: ExperimentConfig, cost_factory=None) -> Experiment:  # noqa: ANN001
@@ -42,9 +144,11 @@ def resolve(cfg: ExperimentConfig, cost_factory=None) -> Experiment:  # noqa: AN
         cost_factory: ``accel -> CostModel`` used for memory checks (default: the roofline model).
 
     Raises:
-        ConfigError: naming the key and the fix.
+        ConfigError: naming the key and the fix (an over-budget workload included, see
+            :func:`check_request_budget`).
     """
     accel = _lookup(ACCELERATORS, cfg.cluster.accelerator, "cluster.accelerator", "accelerator")
+    check_request_budget(cfg)
     if cost_factory is None:
         from jigsawrl.costmodel import CostModel
 
@@ -71,7 +175,7 @@ def _resolve_pipeline(cfg: ExperimentConfig, i: int, p: PipelineSpec, accel: Acc
         raise ConfigError(f"num_devices={n} is not a multiple of rollout_tp={p.rollout_tp}",
                           where=f"{where}.num_devices")
     _check_memory(where, p, model, accel, cost, n)
-    trace = load_length_trace(p.length_trace) if p.length_trace else None
+    trace = _load_trace(where, p.length_trace) if p.length_trace else None
     sampler = RequestSampler(task, group_size=p.group_size,
                              max_response_tokens=p.max_response_tokens,
                              drift_per_step=p.length_drift_per_step, trace=trace)
@@ -117,22 +221,28 @@ def resolve_real(cfg: ExperimentConfig) -> Experiment:
     """Resolve a real-run config against the CPU presets.
 
     Raises:
-        ConfigError: an accelerator that is not a CPU preset, an unknown engine model or task,
-            tensor parallelism (the CPU engine has none), or more devices than the cluster has.
+        ConfigError: an accelerator that is not a CPU preset, an unknown engine model, task or
+            scheduler, bad task params, tensor parallelism (the CPU engine has none), more
+            devices than the cluster has, an unreadable ``length_trace``, or a workload over the
+            request budget.
     """
     from jigsawrl.tasks import get_task, list_tasks
 
-    accel = REAL_ACCELERATORS.get(cfg.cluster.accelerator)
-    if accel is None:
+    if cfg.cluster.accelerator not in REAL_ACCELERATORS:
+        close = difflib.get_close_matches(cfg.cluster.accelerator, list(REAL_ACCELERATORS), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
         raise ConfigError(f"{cfg.cluster.accelerator!r} is not a real-run accelerator",
                           where="cluster.accelerator",
-                          fix=f"use one of {sorted(REAL_ACCELERATORS)} for real runs")
+                          fix=f"{hint}use one of {sorted(REAL_ACCELERATORS)} for real runs")
+    accel = REAL_ACCELERATORS[cfg.cluster.accelerator]
+    check_policy(cfg.scheduler.name)
+    check_request_budget(cfg)
     pipes = []
     for i, p in enumerate(cfg.pipelines):
         where = f"pipelines.{i}"
-        if p.task not in list_tasks():
-            raise ConfigError(f"unknown real task {p.task!r}", where=f"{where}.task",
-                              fix=f"use one of {list_tasks()}")
+        _lookup(list_tasks(), p.task, f"{where}.task", "real task", "jigsawrl list tasks")
+        _lookup(ENGINE_MODELS, p.model, f"{where}.model", "engine model preset",
+                "jigsawrl list models")
         try:  # bad task parameters fail here, not in a worker after Ray has started
             get_task(p.task, **p.rollout.task_params)
         except ConfigError as exc:
@@ -140,6 +250,8 @@ def resolve_real(cfg: ExperimentConfig) -> Experiment:
         if p.rollout_tp != 1 or p.train_tp != 1:
             raise ConfigError("the CPU engine has no tensor parallelism", where=where,
                               fix="set rollout_tp: 1 and train_tp: 1")
+        if p.length_trace:  # not replayed (real runs observe their lengths), but checked
+            _load_trace(where, p.length_trace)
         _num_devices(cfg, i, p)
         task = stub_task(p)
         sampler = RequestSampler(task, group_size=p.group_size,

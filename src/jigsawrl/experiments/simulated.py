@@ -26,7 +26,7 @@ from jigsawrl.experiments.core import (
     summarize_run,
     throughput,
 )
-from jigsawrl.experiments.resolve import resolve
+from jigsawrl.experiments.resolve import check_policy, resolve
 from jigsawrl.graph.bound import makespan_lower_bound
 from jigsawrl.metrics.summary import RunInfo
 from jigsawrl.scheduler.base import Policy
@@ -73,11 +73,13 @@ def simulate(cfg: ExperimentConfig, *, policy: str | None = None, seed: int | No
     one computed before (a dict, as :func:`solo_latencies` returns).
 
     Raises:
-        ConfigError: unknown presets/policy, infeasible config.
+        ConfigError: unknown presets/policy (with a "did you mean"), infeasible config, a
+            workload over the request budget (all before anything is sampled).
     """
     exp = resolve(cfg)
     seed = cfg.seed if seed is None else seed
-    name = policy or cfg.scheduler.name
+    name = check_policy(policy or cfg.scheduler.name,
+                        "scheduler.name" if policy is None else "--policy")
     pol = make_policy(cfg, name)
     variants = list(pol.variants())
     best: tuple[float, str, DriverResult] | None = None
