@@ -18,6 +18,10 @@ Definitions (said here because the table is read against them):
   project's definition of the verl baseline (DESIGN.md §6; ``runner.simulate`` does the same).
   A placement that cannot hold the config (three pipelines on two devices leave ``verl-split``
   without a device each) is skipped with its reason, before any real run starts.
+- *skipped*: a policy that cannot place the workload (the dry run above) or whose real run
+  fails is reported with its reason — in ``compare.json`` under ``skipped``, as a row of the
+  table and in the notes — and the others are compared. Only when no policy runs is the bench
+  an error. A bad config is an error before any policy runs.
 - Ray start-up and warm starts are excluded from every makespan (``run_real`` measures them as
   ``startup_s``); the bench's wall time includes them.
 
@@ -39,10 +43,9 @@ from pathlib import Path
 from typing import Any
 
 from jigsawrl.config import ExperimentConfig, dump_config, load_config
-from jigsawrl.driver.state import InvariantError
 from jigsawrl.errors import ConfigError, JigsawError
 from jigsawrl.experiments.calibrate import Calibration, calibrate, simulate_replay, truth_cost
-from jigsawrl.experiments.compare import CompareResult, write_compare
+from jigsawrl.experiments.compare import CANNOT_RUN, CompareResult, write_compare
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +130,7 @@ def feasibility(cfg: ExperimentConfig, policy: str) -> str | None:
     try:
         exp = resolve_real(cfg)
         simulate_replay(exp, policy, truth_cost(exp, None))
-    except (ConfigError, InvariantError) as exc:
+    except CANNOT_RUN as exc:
         return f"{type(exc).__name__}: {exc}"
     return None
 
@@ -140,12 +143,16 @@ def run_bench_real(spec: BenchRealSpec, *, on_run: OnRun | None = None) -> Bench
         on_run: called after each policy with ``(policy, summary or None, why skipped)``.
 
     Raises:
-        ConfigError: a bad config, an unknown policy, or a profile that cannot be read.
-        JigsawError: no policy could run at all.
+        ConfigError: a bad config (schema, presets, request budget), an unknown policy, or a
+            profile that cannot be read — before any real run.
+        JigsawError: no policy could run at all (with every policy's reason).
     """
+    from jigsawrl.experiments.resolve import resolve_real
+
     t0, load0 = time.monotonic(), _load()
     cfg = spec.load()
     _check_policies(spec.policies)
+    resolve_real(cfg)  # a bad config is an error of the config, not a skip of every policy
     profile = _profile_path(spec.profile)
     result = BenchRealResult(cfg, CompareResult([], [cfg.seed], "verl"), profile=profile)
     ordered = sorted(spec.policies, key=lambda p: p != ALONE_POLICY)  # alone first
@@ -158,8 +165,10 @@ def run_bench_real(spec: BenchRealSpec, *, on_run: OnRun | None = None) -> Bench
         if on_run is not None:
             on_run(policy, summary, why)
     if not result.compare.runs:
-        raise JigsawError("no policy could run: " + "; ".join(
-            f"{p}: {w}" for p, w in result.compare.skipped.items()))
+        raise JigsawError("no policy could run:\n  " + "\n  ".join(
+            f"{p}: " + "; ".join(x.strip() for x in w.splitlines() if x.strip())
+            for p, w in result.compare.skipped.items()), where="--policies",
+            fix="add a policy that can place the pipelines, or change the config")
     _relate(result, spec.policies)
     result.wall_s = time.monotonic() - t0
     result.load_average = (load0, _load())
@@ -217,7 +226,9 @@ def _run_policy(spec: BenchRealSpec, cfg: ExperimentConfig, policy: str, profile
         summary, events = run_real(cfg, policy=policy, out_dir=out, cache_dir=spec.cache_dir,
                                    threads_per_device=spec.threads_per_device)
     except Exception as exc:  # noqa: BLE001 - one failed policy must not lose the others
-        log.warning("real run under %s failed", policy, exc_info=True)
+        # The reason is reported (skipped); the traceback only with --verbose.
+        log.warning("real run under %s failed: %s: %s", policy, type(exc).__name__, exc)
+        log.debug("real run under %s failed", policy, exc_info=True)
         return None, f"{type(exc).__name__}: {exc}"
     try:
         cal = calibrate(cfg, events, policy, profile=profile, measured=summary)

@@ -155,6 +155,8 @@ def bench_table(result: BenchRealResult) -> Table:
                       _pred(pool.get("busy_fraction"), ".0%"),
                       _f(pred.get("mean_latency_vs_solo"), ".2f", "×"),
                       _f(cal.max_abs_rel_error, ".0%"), style="dim")
+    for policy in result.compare.skipped:  # why: in bench_notes, under the table
+        table.add_row(policy, "skipped", *[DASH] * 6, style="dim")
     return table
 
 
@@ -194,7 +196,10 @@ def bench_notes(result: BenchRealResult) -> list[str]:
              "alone on the whole pool, one after another); verl = best of verl-split and "
              "verl-serial by measured tokens/s"]
     for policy, why in result.compare.skipped.items():
-        notes.append(f"{policy} skipped: {why.splitlines()[0]}")
+        lines = [x.strip() for x in why.splitlines() if x.strip()]
+        fix = next((x for x in lines[1:] if x.startswith("fix:")), None)
+        notes.append(f"{policy} skipped: {lines[0] if lines else 'did not run'}"
+                     + (f" ({fix})" if fix else ""))
     ratio = result.ratio("jigsaw")
     if ratio is not None:
         notes.append(f"jigsaw / verl measured tokens/s: {ratio:.2f}× "

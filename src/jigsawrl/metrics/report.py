@@ -8,6 +8,7 @@ never as 0.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from rich import box
@@ -134,12 +135,15 @@ def _ratio(value: float | None, base: float | None) -> float | None:
 COMPARE_COLUMNS = ("tok/s", "×base", "×solo", "MFU", "busy", "$/Mtok", "makespan s")
 
 
-def compare_table(summaries: dict[str, dict[str, Any]], baseline: str | None = None) -> Table:
+def compare_table(summaries: dict[str, dict[str, Any]], baseline: str | None = None,
+                  skipped: Mapping[str, str] | None = None) -> Table:
     """Several runs side by side (one row per policy, in the dict's order).
 
     Args:
         summaries: policy (or run label) -> its summary.
         baseline: the key the throughput ratio is measured against; the first key when None.
+        skipped: label -> why it could not run; each is a dim row marked "skipped", with its
+            reason (first line) in the caption.
 
     Columns: finished tokens/s, ratio to the baseline's tokens/s, mean latency vs solo, MFU,
     busy fraction, $ per million finished tokens, makespan (s). The best throughput is bold.
@@ -162,7 +166,7 @@ def compare_table(summaries: dict[str, dict[str, Any]], baseline: str | None = N
         pad_edge=False,
         collapse_padding=True,
     )
-    labels = list(summaries)
+    labels = [*summaries, *(skipped or {})]
     table.add_column("policy", style="bold", overflow="fold", min_width=_label_width(labels))
     for col in COMPARE_COLUMNS:
         table.add_column(col, justify="right", no_wrap=True)
@@ -180,4 +184,17 @@ def compare_table(summaries: dict[str, dict[str, Any]], baseline: str | None = N
             _fmt(s.get("makespan_s"), ",.1f"),
             style="bold" if best and tp == best and len(summaries) > 1 else None,
         )
+    for label in skipped or {}:
+        table.add_row(label, "skipped", *[DASH] * (len(COMPARE_COLUMNS) - 1), style="dim")
+    if skipped:
+        table.caption = "\n".join(f"skipped {label}: {skip_reason(why)}"
+                                   for label, why in skipped.items())
+        table.caption_justify = "left"
     return table
+
+
+def skip_reason(why: str) -> str:
+    """The first line of a skip reason, with its fix when it has one."""
+    lines = [x.strip() for x in why.splitlines() if x.strip()]
+    fix = next((x for x in lines[1:] if x.startswith("fix:")), None)
+    return lines[0] + (f" ({fix})" if fix else "") if lines else "did not run"
