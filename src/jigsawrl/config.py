@@ -146,7 +146,8 @@ class PipelineSpec(_Strict):
     group_size: int = Field(4, ge=1, le=MAX_GROUP, description="responses per prompt")
     max_response_tokens: int = Field(8192, ge=1, le=MAX_TOKENS,
                                      description="cap on generated tokens per response")
-    mode: Literal["sync", "async"] = Field("sync", description="sync, or async: rollouts may lag the policy by max_staleness steps")
+    mode: Literal["sync", "async"] = Field(
+        "sync", description="sync, or async: rollouts may lag the policy by max_staleness steps")
     max_staleness: int = Field(0, ge=0, le=1000,
                                description="steps a rollout may lag the policy, async only")
     steps: int = Field(10, ge=1, le=MAX_STEPS, description="training steps")

@@ -38,7 +38,7 @@ def _main(ctx: typer.Context,
           max_requests: Annotated[int | None, typer.Option(
               "--max-requests", min=1, envvar="JIGSAWRL_MAX_REQUESTS", show_default=False,
               help="most requests a config may sample (Σ batch_size × group_size × steps over "
-                   "its pipelines), checked before anything is sampled [default: 2,000,000]")
+                   "its pipelines; default 2,000,000), checked before anything is sampled")
           ] = None) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
