@@ -8,18 +8,24 @@ A run folder holds::
     timeline.png    device timeline (metrics.timeline), unless disabled
     summary.json    metrics.summary.summarize's output
 
-``summary.json`` is written last and atomically (temporary file + rename), so a folder that has
-one is complete; a crashed run leaves none and :func:`load_run` says so instead of reporting
-half a run. Reading errors are :class:`~jigsawrl.errors.InputError` naming the file (and line)
-and how to fix it.
+Crash safety: every file is written atomically (:func:`atomic_path`: into a hidden temporary file
+in the same folder, flushed and fsynced, then ``os.replace``-d onto its name, and the folder
+fsynced), so a kill at any moment leaves each file either whole-and-old or whole-and-new, never
+half-written under its final name (a killed writer may leave a hidden ``.<name>.*.tmp``, which
+nothing reads). ``summary.json`` is removed first and written last, so a folder that has one is
+complete; a crashed run leaves none and :func:`load_run` says so instead of reporting half a
+run. Reading errors are :class:`~jigsawrl.errors.InputError` naming the file (and line) and how
+to fix it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
-from collections.abc import Iterable
+import secrets
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +45,56 @@ REQUIRED_SUMMARY_KEYS = ("name", "policy", "makespan_s", "throughput_tokens_per_
 _RERUN_FIX = "re-run the command that produced this run folder (its summary.json is written last)"
 
 
+@contextlib.contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """A fresh temporary path next to ``path`` to write; on success it replaces ``path``.
+
+    Use as ``with atomic_path(p) as tmp: write(tmp)``. When the block finishes, ``tmp`` is
+    fsynced and moved onto ``path`` with ``os.replace`` (atomic on POSIX and Windows), then the
+    folder is fsynced; when the block raises, ``tmp`` is removed and ``path`` is untouched. The
+    temporary name is hidden and unique (``.<name>.<pid>-<hex>.tmp``), so concurrent writers
+    never share one.
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    try:
+        yield tmp
+        _fsync(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    _fsync(path.parent)
+
+
+def _fsync(path: Path) -> None:
+    """fsync a file or (where the OS allows opening one) a folder."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        if path.is_dir():
+            return  # folders cannot be opened on Windows; nothing to sync there
+        raise
+    try:
+        os.fsync(fd)
+    except OSError:
+        if not path.is_dir():
+            raise
+    finally:
+        os.close(fd)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically (see :func:`atomic_path`)."""
+    with atomic_path(path) as tmp, tmp.open("x", encoding="utf-8") as f:
+        f.write(text)
+
+
 def write_events(path: Path, events: Iterable[Event]) -> int:
-    """Write events as JSON lines; returns how many were written."""
+    """Write events as JSON lines, atomically (:func:`atomic_path`); returns how many."""
     n = 0
-    with Path(path).open("w", encoding="utf-8") as f:
+    with atomic_path(Path(path)) as tmp, tmp.open("x", encoding="utf-8") as f:
         for ev in events:
             f.write(json.dumps(event_to_dict(ev), separators=(",", ":"), allow_nan=False))
             f.write("\n")
@@ -76,9 +128,7 @@ def read_events(path: Path) -> list[Event]:
 
 
 def _write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, allow_nan=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(data, indent=2, allow_nan=False) + "\n")
 
 
 def write_run(
@@ -108,13 +158,16 @@ def write_run(
     stale = out_dir / SUMMARY_FILE
     if stale.exists():
         stale.unlink()  # until the new summary lands, the folder must not look complete
-    (out_dir / CONFIG_FILE).write_text(config_yaml, encoding="utf-8")
+        _fsync(out_dir)
+    write_text_atomic(out_dir / CONFIG_FILE, config_yaml)
     n = write_events(out_dir / EVENTS_FILE, events)
-    write_trace(out_dir / TRACE_FILE, events, info)
+    with atomic_path(out_dir / TRACE_FILE) as tmp:
+        write_trace(tmp, events, info)
     if timeline:
         from jigsawrl.metrics.timeline import plot_timeline  # matplotlib: import only when drawing
 
-        plot_timeline(out_dir / TIMELINE_FILE, events, info)
+        with atomic_path(out_dir / TIMELINE_FILE) as tmp:
+            plot_timeline(tmp, events, info)
     _write_json_atomic(out_dir / SUMMARY_FILE, summary)
     logger.info("wrote run folder %s (%d events)", out_dir, n)
 
