@@ -91,9 +91,13 @@ def run_group(group: BenchGroup, *, seeds: int, quick: bool = False, out_dir: Pa
         log.warning("%s: no policy can run; group skipped", group.name)
         return GroupResult(group, cfg, None, skipped, 0.0)
     base = group.baseline if group.baseline in labels else labels[0]
-    result = compare_policies(cfg, labels, seeds=seeds, on_run=on_run, baseline=base,
-                              keep_events=timelines, skip_failed=True,
-                              variants={k: group.policy_of(k) for k in labels})
+    try:
+        result = compare_policies(cfg, labels, seeds=seeds, on_run=on_run, baseline=base,
+                                  keep_events=timelines, skip_failed=True,
+                                  variants={k: group.policy_of(k) for k in labels})
+    except ConfigError as exc:  # no policy could run: the group is skipped, the matrix goes on
+        log.warning("%s: no policy can run; group skipped", group.name)
+        return GroupResult(group, cfg, None, {**skipped, "all": str(exc)}, 0.0)
     skipped.update(result.skipped)
     folder = None
     if out_dir is not None:

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from jigsawrl.config import ExperimentConfig, validate_config
 from jigsawrl.errors import ConfigError
 from jigsawrl.experiments.compare import CompareResult
+from jigsawrl.experiments.resolve import check_request_budget
 from jigsawrl.scheduler import list_policies
 
 MATRIX_DIR = Path("configs/paper")
@@ -87,6 +88,7 @@ def load_group(path: Path) -> BenchGroup:
         msgs = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise ConfigError(f"bad bench block: {msgs}", where=str(path)) from None
     cfg = validate_config(raw, source=str(path))
+    check_request_budget(cfg)  # an over-budget matrix file fails at load, not at its turn
     name = cfg.name or path.stem
     return BenchGroup(
         name=name, path=path, section=block.section, title=block.title or name,

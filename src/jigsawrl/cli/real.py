@@ -108,9 +108,11 @@ def _print_ray_result(console: Console, summary: dict[str, Any], cal: Any,
 def run_command(config: Path, overrides: list[str], out: Path | None, resume: bool) -> None:
     """Load the config, run it with a progress bar, print the result table."""
     from jigsawrl.config import load_config
+    from jigsawrl.experiments.resolve import check_request_budget
+    from jigsawrl.experiments.sequential import run_experiment
 
     cfg = load_config(config, overrides)
-    from jigsawrl.experiments.sequential import run_experiment
+    check_request_budget(cfg)
 
     console = Console()
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),

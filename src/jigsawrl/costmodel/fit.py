@@ -200,7 +200,7 @@ def fit_params(model: ModelSpec, raw_by_threads: dict[int, dict[str, Any]]) -> d
     lp_s_per_token, lp_over = pass_line(raw, "logprob", 0.0)
     tr_s_per_token, tr_over = pass_line(raw, "train", adam)
     rates = {
-        "prefill": prefill_rate(model, raw[Stage.PREFILL], fit),
+        Stage.PREFILL: prefill_rate(model, raw[Stage.PREFILL], fit),
         "decode": 1.0 / fit.s_per_flop if fit.s_per_flop > 0 else 0.0,
         "logprob": 2.0 * p / lp_s_per_token,
         "train": 6.0 * p / tr_s_per_token,
@@ -211,7 +211,7 @@ def fit_params(model: ModelSpec, raw_by_threads: dict[int, dict[str, Any]]) -> d
         rates["decode"] = peak
     load = 2.0 * model.weight_bytes() / mem_bw  # CostModel.weight_sync_time_s's copy term
     params = {
-        "prefill_eff": rates["prefill"] / peak, "decode_compute_eff": rates["decode"] / peak,
+        "prefill_eff": rates[Stage.PREFILL] / peak, "decode_compute_eff": rates["decode"] / peak,
         "hbm_bw_eff": 1.0, "logprob_eff": rates["logprob"] / peak,
         "train_eff": rates["train"] / peak, "iter_overhead_s": fit.overhead_s,
         "iter_overhead_per_seq_s": fit.per_seq_s,

@@ -32,6 +32,7 @@ from typing import Any
 from jigsawrl.engine.requests import RequestState
 from jigsawrl.engine.trajectory import Trajectory, encode_text
 from jigsawrl.errors import InputError
+from jigsawrl.tasks import safe_call_tool
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +226,7 @@ class RolloutSession:
         call_text = self.tokenizer.decode(ids[info.turn_start:], skip_special_tokens=True)
         info.state.setdefault("example", info.example)
         info.state["turn"] = info.turns
-        result = self.task.call_tool(call_text, info.state)
+        result = safe_call_tool(self.task, call_text, info.state)  # a tool bug never crashes a run
         append = encode_text(self.tokenizer, result.text)
         if len(ids) + len(append) >= info.max_tokens:
             info.out_of_room = True  # no room for the result and an answer: end it here

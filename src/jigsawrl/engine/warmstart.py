@@ -30,6 +30,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from jigsawrl.engine.trajectory import encode_prompt, encode_text
+from jigsawrl.tasks import safe_call_tool
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ def demo_tool_mask(task: Any, demo: str) -> list[int]:
             break
         at, stop = min(hits)
         end = at + len(stop)
-        result = task.call_tool(demo[turn_start:end], state).text
+        result = safe_call_tool(task, demo[turn_start:end], state).text
         if not demo.startswith(result, end):
             pos = end
             continue

@@ -15,9 +15,11 @@ from rich import box
 from rich.table import Table
 
 from jigsawrl.errors import JigsawError
+from jigsawrl.stages import VERL_TIMING
 
 DASH = "–"
-TRAIN_TIMINGS = ("reward", "old_log_prob", "ref", "update_actor", "update_weights")
+# verl timing keys of the post-rollout stages, in step order
+TRAIN_TIMINGS = tuple(key for key in VERL_TIMING if key != "gen")
 
 
 def _fmt(value: Any, spec: str = ",.1f", suffix: str = "") -> str:

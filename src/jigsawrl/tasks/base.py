@@ -299,9 +299,11 @@ def safe_call_tool(task: Task, call_text: str, state: dict) -> ToolResult:
     except Exception as exc:  # any bug in a tool must not crash the run
         return _tool_exception(task, call_text, state, f"call_tool raised "
                                                        f"{type(exc).__name__}: {exc}")
-    ok = (isinstance(result, ToolResult) and isinstance(result.text, str)
-          and isinstance(result.latency_s, numbers.Real) and math.isfinite(result.latency_s)
-          and result.latency_s >= 0)
+    # duck-typed: any object with ToolResult's fields (a user's own result class) is accepted
+    text = getattr(result, "text", None)
+    latency = getattr(result, "latency_s", None)
+    ok = (isinstance(text, str) and isinstance(latency, numbers.Real)
+          and math.isfinite(latency) and latency >= 0)
     if not ok:
         return _tool_exception(task, call_text, state, f"call_tool returned {result!r:.80}")
     return result
