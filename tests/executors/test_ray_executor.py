@@ -28,6 +28,7 @@ from jigsawrl.experiments.real import run_real  # noqa: E402
 from jigsawrl.experiments.resolve import resolve_real  # noqa: E402
 from jigsawrl.scheduler.base import Decision, Migrate, View  # noqa: E402
 from jigsawrl.scheduler.verl import VerlPolicy  # noqa: E402
+from jigsawrl.stages import DECODE_BANDS, Stage  # noqa: E402
 
 STEPS, BATCH, GROUP = 2, 2, 2
 
@@ -100,15 +101,15 @@ def test_two_real_pipelines_finish(shared_ray: Any, cache: Path, policy: str,
     assert summary["policy"] == policy
     assert (tmp_path / "run" / "summary.json").is_file()
     stages = {s.stage for s in events if isinstance(s, Span)}
-    assert stages >= {"reward", "old_logprob", "actor_update", "weight_sync"}
-    assert stages & {"decode_small", "prefill"}
+    assert stages >= {Stage.REWARD, Stage.OLD_LOGPROB, Stage.ACTOR_UPDATE, Stage.WEIGHT_SYNC}
+    assert stages & {Stage.DECODE_SMALL, Stage.PREFILL}
     metrics = summary["pipeline_metrics"]["arithmetic"]
     assert [m["step"] for m in metrics] == list(range(STEPS))
     assert all("critic/score/mean" in m and "actor/pg_loss" in m for m in metrics)
     # the checkpoint of the last step is written by the weight sync
     assert (tmp_path / "run" / "checkpoints" / "arithmetic" / "latest").is_file()
     if policy == "jigsaw":  # jigsaw keeps train states in host memory between updates
-        assert {m["stage"] for m in summary["memory_moves"]} >= {"offload", "onload"}
+        assert {m["stage"] for m in summary["memory_moves"]} >= {Stage.OFFLOAD, Stage.ONLOAD}
         assert all(m["bytes"] > 0 and m["seconds"] >= 0 for m in summary["memory_moves"])
 
 
@@ -140,7 +141,7 @@ class MigratingVerl(VerlPolicy):
         for pv in view.pipelines:
             for t in pv.running:
                 counts = t.unfinished_per_rank
-                if (self.done or t.stage != "rollout" or len(counts) != 2
+                if (self.done or t.stage != Stage.ROLLOUT or len(counts) != 2
                         or min(counts) <= 0 or min(t.rank_shares) <= 0):
                     continue
                 self.done = True
@@ -157,19 +158,19 @@ def one_pipeline_dp2() -> Any:
 def run_with_policy(cfg: Any, policy: Any, cache: Path,
                     hook: Callable[[Any], None] | None = None, **kw: Any) -> tuple[Any, Any]:
     """run_real with a policy object; ``hook`` gets the executor before it starts (drills)."""
-    import jigsawrl.scheduler as sched
+    import jigsawrl.experiments.core as core  # where run_real looks the policy up
 
     def short_slices(ex: Any) -> None:
         ex.chunk_s = 0.01  # short slices: the tiny rollout is seen mid-way
         if hook is not None:
             hook(ex)
 
-    original = sched.get_policy
-    sched.get_policy = lambda name, params=None: policy  # type: ignore[assignment]
+    original = core.get_policy
+    core.get_policy = lambda name, params=None: policy  # type: ignore[assignment]
     try:
         return run_real(cfg, cache_dir=cache, executor_hook=short_slices, **kw)
     finally:
-        sched.get_policy = original  # type: ignore[assignment]
+        core.get_policy = original  # type: ignore[assignment]
 
 
 def test_dp_rollout_migrates_long_tail(shared_ray: Any, cache: Path) -> None:
@@ -177,11 +178,11 @@ def test_dp_rollout_migrates_long_tail(shared_ray: Any, cache: Path) -> None:
     summary, events = run_with_policy(one_pipeline_dp2(), policy, cache)
     assert policy.done, "the rollout never had two busy ranks"
     check_run(summary, events, {"arithmetic": 1}, batch=4)
-    ranks = {s.rank for s in events if isinstance(s, Span) and s.stage.startswith("decode")}
+    ranks = {s.rank for s in events if isinstance(s, Span) and s.stage in DECODE_BANDS}
     assert ranks == {0, 1}
     # the update ran data-parallel over both devices' workers
     assert {s.devices for s in events if isinstance(s, Span)
-            and s.stage == "actor_update"} == {(0,), (1,)}
+            and s.stage == Stage.ACTOR_UPDATE} == {(0,), (1,)}
     assert summary["pipeline_metrics"]["arithmetic"][0]["actor/entropy"] > 0
 
 
@@ -207,7 +208,8 @@ def test_killed_worker_requests_resume_elsewhere(shared_ray: Any, cache: Path) -
 
     def drill(ex: Any) -> None:
         ex.checkpoint_s = 0.0  # a checkpoint every slice
-        submit, done = ex._submit_chunk, ex._chunk_done
+        rollouts = ex.rollouts
+        submit, done = rollouts.submit_chunk, rollouts.chunk_done
 
         def submit_chunk(ro: Any, rank: Any) -> None:
             ckpts = [ro.checkpoints[i][0] for i in ro.owned_by(1) if i in ro.checkpoints]
@@ -215,14 +217,14 @@ def test_killed_worker_requests_resume_elsewhere(shared_ray: Any, cache: Path) -
                 owned.extend(ro.owned_by(1))
                 killed.update({c.state.request_id: list(c.state.output_ids) for c in ckpts})
                 ex.kill_device(1)
-                wait_dead(ex._devs[1].actor)
+                wait_dead(ex.state.devs[1].actor)
             submit(ro, rank)  # to the dead worker: the call fails, the executor recovers
 
-        def chunk_done(call: Any, res: dict[str, Any]) -> None:
-            final.update({t.request_id: list(t.response_ids) for t in res["trajectories"]})
+        def chunk_done(call: Any, res: Any) -> None:
+            final.update({t.request_id: list(t.response_ids) for t in res.trajectories})
             done(call, res)
 
-        ex._submit_chunk, ex._chunk_done = submit_chunk, chunk_done
+        rollouts.submit_chunk, rollouts.chunk_done = submit_chunk, chunk_done
 
     summary, events = run_with_policy(one_pipeline_dp2(), VerlPolicy("split"), cache, drill)
     assert owned, "rank 1 never held a checkpoint with tokens while unfinished"
@@ -287,7 +289,7 @@ def test_memory_budget_offloads_lru_train_state(shared_ray: Any, cache: Path) ->
 
     summary, events = run_real(cfg, cache_dir=cache, executor_hook=hook)
     check_run(summary, events, {"arithmetic": 1, "calculator": 1})
-    assert any(m["stage"] == "offload" for m in summary["memory_moves"])
+    assert any(m["stage"] == Stage.OFFLOAD for m in summary["memory_moves"])
 
 
 def test_share_to_threads_and_bands() -> None:
@@ -296,10 +298,10 @@ def test_share_to_threads_and_bands() -> None:
     assert ex.threads_for(1.0, 2) == 4
     assert ex.threads_for(0.5, 1) == 1
     assert ex.threads_for(0.0, 0) == 1
-    assert rollout_band(8) == "decode_small"
-    assert rollout_band(512) == "decode_medium"
-    assert rollout_band(4096) == "decode_large"
-    assert rollout_band(0) == "tool_wait"
+    assert rollout_band(8) == Stage.DECODE_SMALL
+    assert rollout_band(512) == Stage.DECODE_MEDIUM
+    assert rollout_band(4096) == Stage.DECODE_LARGE
+    assert rollout_band(0) == Stage.TOOL_WAIT
     with pytest.raises(ValueError, match="chunk_s"):
         RayExecutor(exp, chunk_s=0)
 

@@ -16,6 +16,8 @@ from jigsawrl.executors.raycluster.rollouts import (  # noqa: E402
     request_index,
     shard_bounds,
 )
+from jigsawrl.scheduler.base import task_id  # noqa: E402
+from jigsawrl.stages import Stage  # noqa: E402
 
 
 def test_contiguous_dispatch_keeps_groups_and_balances() -> None:
@@ -34,7 +36,8 @@ def test_skew_aware_deals_longest_groups_first() -> None:
 
 
 def test_ownership_moves_and_results_are_ordered_once() -> None:
-    ro = RolloutRT("p/0/rollout", "p", 0, 4, [RankRT(0, (0,), 1.0), RankRT(1, (1,), 1.0)])
+    ro = RolloutRT(task_id("p", 0, Stage.ROLLOUT), "p", 0, 4,
+                   [RankRT(0, (0,), 1.0), RankRT(1, (1,), 1.0)])
     ro.assign(0, [0, 1])
     ro.assign(1, [2, 3])
     assert ro.finished(2, "t2", 0)
@@ -55,7 +58,8 @@ def ckpt(tokens: int) -> SimpleNamespace:
 
 
 def test_dead_rank_resumes_checkpointed_requests_and_regenerates_the_rest() -> None:
-    ro = RolloutRT("p/0/rollout", "p", 0, 6, [RankRT(0, (0,), 1.0), RankRT(1, (1,), 1.0)])
+    ro = RolloutRT(task_id("p", 0, Stage.ROLLOUT), "p", 0, 6,
+                   [RankRT(0, (0,), 1.0), RankRT(1, (1,), 1.0)])
     ro.assign(0, [0, 1, 2])
     ro.assign(1, [3, 4, 5])
     ro.ranks[0].fresh = ro.ranks[1].fresh = []  # sent with the first slices
@@ -97,15 +101,17 @@ def test_unreachable_cluster_is_a_clear_error() -> None:
 
 def test_busy_on_sees_a_pipelines_calls_and_helpers_on_a_device() -> None:
     """An offload runs beside other pipelines' calls only when none of its own pipeline's calls
-    is queued or running on that worker (RayExecutor._busy_on)."""
-    from jigsawrl.executors.raycluster.executor import RayExecutor, _Call
+    is queued or running on that worker (Residency.busy_on)."""
+    from jigsawrl.executors.raycluster.records import Call, CallKind, RunState, Settings
+    from jigsawrl.executors.raycluster.residency import Residency
 
-    ex = RayExecutor.__new__(RayExecutor)
-    ex._calls = {
-        "a": _Call("stage", "p", 0, "actor_update", (0,), 1.0, extra=(1,)),  # helper on 1
-        "b": _Call("chunk", "q", 0, "rollout", (2,), 1.0),
-        "c": _Call("stage", "r", 0, "weight_sync", (), 0.0, extra=object()),  # a weights ref
+    state = RunState(Settings())
+    state.calls = {
+        "a": Call(CallKind.STAGE, "p", 0, Stage.ACTOR_UPDATE, (0,), 1.0, helpers=(1,)),  # helper
+        "b": Call(CallKind.CHUNK, "q", 0, Stage.ROLLOUT, (2,), 1.0),
+        "c": Call(CallKind.STAGE, "r", 0, Stage.WEIGHT_SYNC, (), 0.0, weights=object()),
     }
-    assert ex._busy_on("p", 0) and ex._busy_on("p", 1) and not ex._busy_on("p", 2)
-    assert ex._busy_on("q", 2) and not ex._busy_on("q", 0)
-    assert not ex._busy_on("r", 0)
+    res = Residency(state)
+    assert res.busy_on("p", 0) and res.busy_on("p", 1) and not res.busy_on("p", 2)
+    assert res.busy_on("q", 2) and not res.busy_on("q", 0)
+    assert not res.busy_on("r", 0)
