@@ -1,14 +1,14 @@
 """The Ray executor end to end: tiny real pipelines on per-device workers, real schedulers.
 
-Runs ``experiments.real.run_real`` on one shared local Ray instance (started once for the module, with
-four ``jigsaw_device`` resources) with ~1M-parameter models, a few prompts × 2 samples and a
-2-step warm start (cached in a module temp folder). Each run costs ~10-20 s on a 2-core machine,
-mostly the workers importing torch and building their pipelines.
+Runs ``experiments.real.run_real`` on one shared local Ray instance (``shared_ray`` in
+conftest.py: started once for the module, with four ``jigsaw_device`` resources) with
+~1M-parameter models, a few prompts × 2 samples and a 2-step warm start (cached in a session temp
+folder). Each run costs ~10-20 s on a 2-core machine, mostly the workers importing torch and
+building their pipelines.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -41,20 +41,6 @@ def tiny(policy: str = "verl-split", steps: int = STEPS, batch: int = BATCH,
     cfg = load_config("configs/real/multi.yaml", [*sets, f"scheduler.name={policy}", *extra])
     keep = [cfg.pipelines[i] for i in pipelines]
     return cfg.model_copy(update={"pipelines": keep})
-
-
-@pytest.fixture(scope="module")
-def shared_ray() -> Any:
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # local run: no auth token file
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING",
-             resources={"jigsaw_device": 4})
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("warmstart")
 
 
 def check_spans_fit(spans: list[Span], num_devices: int) -> None:

@@ -298,7 +298,11 @@ class RayExecutor:
             if ready:
                 ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
             for ref in ready:
-                self._finish(ref, state.untrack(ref))
+                # One dead worker fails all its calls at once: the first one's recovery may drop
+                # others of the same batch (the dead worker's slices, the failed pipeline's calls).
+                call = state.untrack(ref)
+                if call is not None:
+                    self._finish(ref, call)
             out = state.take_notes()
             if out:
                 return out

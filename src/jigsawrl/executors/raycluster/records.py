@@ -143,9 +143,10 @@ class RunState:
         if self.on_call is not None:
             self.on_call(call)
 
-    def untrack(self, ref: Any) -> Call:
-        """Stop waiting on ``ref``; its call."""
-        return self.calls.pop(ref)
+    def untrack(self, ref: Any) -> Call | None:
+        """Stop waiting on ``ref``; its call, or None when it was dropped already (a recovery
+        earlier in the same batch of results stopped waiting on it)."""
+        return self.calls.pop(ref, None)
 
     def drop(self, which: Callable[[Call], bool]) -> list[Call]:
         """Stop waiting on every call ``which`` selects (their results are ignored); a dropped

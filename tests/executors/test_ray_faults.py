@@ -1,0 +1,113 @@
+"""A killed device worker in a real multi-pipeline run: the pipelines whose train state it held
+fail, the others finish, and the run returns its summary.
+
+Each drill kills a worker at a deterministic point, from the executor's ``on_call`` hook (right
+after a call's submission), and waits until every call in flight on it has failed
+(``kill_device(wait=True)``), so that the executor reads all those failures at once. Tiny real
+pipelines (see ``test_ray_executor``), a few steps; ~30 s each on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("ray")
+pytest.importorskip("torch")
+
+from test_ray_executor import check_run, run_with_policy, tiny  # noqa: E402
+
+from jigsawrl.events import PipelineFailed  # noqa: E402
+from jigsawrl.executors.raycluster.records import Call, CallKind  # noqa: E402
+from jigsawrl.scheduler.base import (  # noqa: E402
+    Decision,
+    PolicyBase,
+    StartRollout,
+    StartStage,
+    View,
+)
+from jigsawrl.stages import Stage  # noqa: E402
+
+
+class Pinned(PolicyBase):
+    """verl's stage-after-stage steps, each pipeline's rollout on ``rollout[name]`` and its other
+    device stages on ``train[name]``, every call at share 0.5: two pipelines share a device."""
+
+    name = "pinned"
+
+    def __init__(self, rollout: dict[str, tuple[int, ...]],
+                 train: dict[str, tuple[int, ...]]) -> None:
+        self.rollout, self.train = rollout, train
+
+    def decide(self, view: View) -> Decision:
+        actions: list[StartRollout | StartStage] = []
+        for pv in view.pipelines:
+            if pv.finished or pv.running:
+                continue
+            for step, stage in pv.ready(force_sync=True):
+                if stage == Stage.ROLLOUT:
+                    actions.append(StartRollout(pv.name, step, self.rollout[pv.name], share=0.5))
+                elif stage == Stage.REWARD:
+                    actions.append(StartStage(pv.name, step, stage, (), share=0.0))
+                else:
+                    actions.append(StartStage(pv.name, step, stage, self.train[pv.name],
+                                              share=0.5))
+        return Decision(tuple(actions))
+
+
+class Drill:
+    """Kills device ``when(ex, call)``'s worker at the first call it names; records which
+    pipelines' train states were on that device then."""
+
+    def __init__(self, when: Any) -> None:
+        self.when = when
+        self.device: int | None = None
+        self.doomed: set[str] = set()
+
+    def install(self, ex: Any) -> None:
+        def on_call(call: Call) -> None:
+            device = None if self.device is not None else self.when(ex, call)
+            if device is None:
+                return
+            self.device = device
+            self.doomed = {n for n in ex.state.pipes if ex.train_state_device(n) == device}
+            ex.kill_device(device, wait=True)
+
+        ex.on_call = on_call
+
+
+def check_faulted_run(summary: dict[str, Any], events: list[Any], drill: Drill,
+                      steps: int, names: tuple[str, ...]) -> None:
+    """The doomed pipelines failed; every other one finished."""
+    assert drill.device is not None, "the drill never found its kill point"
+    assert summary["replaced_devices"] == [drill.device]
+    assert sorted(summary["failed_pipelines"]) == sorted(drill.doomed)
+    failed = [e for e in events if isinstance(e, PipelineFailed)]
+    assert {f.pipeline for f in failed} == drill.doomed
+    healthy = [n for n in names if n not in drill.doomed]
+    assert healthy, "the drill left no healthy pipeline to check"
+    check_run(summary, events, dict.fromkeys(healthy, steps))
+
+
+def test_worker_killed_during_update_of_its_resident_state(shared_ray: Any, cache: Path) -> None:
+    """arithmetic trains on device 0 (its train state lives there) while calculator's rollout
+    slices queue on the same worker; the worker dies during arithmetic's actor_update. Its update
+    and calculator's slice fail in one batch: arithmetic fails, calculator's requests go on on the
+    new worker, and the run ends with a summary (it crashed with ``KeyError: ObjectRef(...)`` in
+    ``advance``: the recovery had already dropped the slice's call)."""
+
+    def update_beside_a_slice(ex: Any, call: Call) -> int | None:
+        if call.kind != CallKind.CHUNK or call.worker != 0:
+            return None
+        updating = [c for c in ex.state.calls.values() if c.stage == Stage.ACTOR_UPDATE
+                    and c.worker == 0 and ex.train_state_device(c.pipeline) == 0]
+        return 0 if updating else None
+
+    drill = Drill(update_beside_a_slice)
+    policy = Pinned(rollout={"arithmetic": (0,), "calculator": (0,)},
+                    train={"arithmetic": (0,), "calculator": (1,)})
+    summary, events = run_with_policy(tiny(steps=3), policy, cache, drill.install)
+    assert drill.doomed == {"arithmetic"}
+    check_faulted_run(summary, events, drill, 3, ("arithmetic", "calculator"))
