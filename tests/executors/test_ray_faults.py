@@ -19,6 +19,7 @@ pytest.importorskip("torch")
 
 from test_ray_executor import check_run, run_with_policy, tiny  # noqa: E402
 
+from jigsawrl.config import load_config  # noqa: E402
 from jigsawrl.events import PipelineFailed  # noqa: E402
 from jigsawrl.executors.raycluster.records import Call, CallKind  # noqa: E402
 from jigsawrl.scheduler.base import (  # noqa: E402
@@ -29,6 +30,8 @@ from jigsawrl.scheduler.base import (  # noqa: E402
     View,
 )
 from jigsawrl.stages import Stage  # noqa: E402
+
+LOST = "whose worker died"  # what the failure of a pipeline whose train state died says
 
 
 class Pinned(PolicyBase):
@@ -80,12 +83,13 @@ class Drill:
 
 def check_faulted_run(summary: dict[str, Any], events: list[Any], drill: Drill,
                       steps: int, names: tuple[str, ...]) -> None:
-    """The doomed pipelines failed; every other one finished."""
+    """The doomed pipelines failed with the lost-state error; every other one finished."""
     assert drill.device is not None, "the drill never found its kill point"
     assert summary["replaced_devices"] == [drill.device]
     assert sorted(summary["failed_pipelines"]) == sorted(drill.doomed)
     failed = [e for e in events if isinstance(e, PipelineFailed)]
     assert {f.pipeline for f in failed} == drill.doomed
+    assert all(LOST in f.error for f in failed), [f.error for f in failed]
     healthy = [n for n in names if n not in drill.doomed]
     assert healthy, "the drill left no healthy pipeline to check"
     check_run(summary, events, dict.fromkeys(healthy, steps))
@@ -111,3 +115,31 @@ def test_worker_killed_during_update_of_its_resident_state(shared_ray: Any, cach
     summary, events = run_with_policy(tiny(steps=3), policy, cache, drill.install)
     assert drill.doomed == {"arithmetic"}
     check_faulted_run(summary, events, drill, 3, ("arithmetic", "calculator"))
+
+
+def test_worker_killed_during_a_slice_of_its_resident_pipeline(shared_ray: Any,
+                                                              cache: Path) -> None:
+    """The three demo pipelines on two devices: search rolls out and trains on device 0,
+    countdown and calculator share device 1. The worker of device 0 dies during a rollout slice
+    of search (step 1: search's train state lives there since its step-0 passes). search fails;
+    countdown and calculator finish every step and the run returns its summary (it died with
+    ``SchedulerStalled``: the dead slice's rank still looked in flight, so search's rollout was
+    never resubmitted nor failed, and the driver waited on it with nothing running)."""
+    steps = 2
+    sets = [f"pipelines.{i}.{k}={v}" for i in (0, 1, 2) for k, v in (
+        ("steps", steps), ("batch_size", 2), ("group_size", 2), ("train.warmup_steps", 2))]
+    cfg = load_config("configs/real/demo.yaml", sets)
+    names = tuple(p.name for p in cfg.pipelines)
+    assert set(names) == {"countdown", "calculator", "search"}
+
+    def slice_of_search_on_its_holder(ex: Any, call: Call) -> int | None:
+        holder = ex.train_state_device("search")
+        if call.kind == CallKind.CHUNK and call.pipeline == "search" and call.worker == holder:
+            return holder
+        return None
+
+    drill = Drill(slice_of_search_on_its_holder)
+    devices = {"search": (0,), "countdown": (1,), "calculator": (1,)}
+    summary, events = run_with_policy(cfg, Pinned(devices, devices), cache, drill.install)
+    assert drill.device == 0 and drill.doomed == {"search"}
+    check_faulted_run(summary, events, drill, steps, names)

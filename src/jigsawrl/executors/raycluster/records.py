@@ -145,18 +145,18 @@ class RunState:
 
     def untrack(self, ref: Any) -> Call | None:
         """Stop waiting on ``ref``; its call, or None when it was dropped already (a recovery
-        earlier in the same batch of results stopped waiting on it)."""
-        return self.calls.pop(ref, None)
+        earlier in the same batch of results stopped waiting on it). A slice's rank is no
+        longer in flight, whatever became of the call: a rank left pointing at a dead call would
+        never be resubmitted, and its rollout would neither finish nor fail."""
+        call = self.calls.pop(ref, None)
+        if call is not None and call.rank is not None and call.rank.inflight is ref:
+            call.rank.inflight = None
+        return call
 
     def drop(self, which: Callable[[Call], bool]) -> list[Call]:
-        """Stop waiting on every call ``which`` selects (their results are ignored); a dropped
-        slice's rank is no longer in flight."""
+        """Stop waiting on every call ``which`` selects (their results are ignored)."""
         refs = [ref for ref, c in self.calls.items() if which(c)]
-        dropped = [self.calls.pop(ref) for ref in refs]
-        for c in dropped:
-            if c.rank is not None:
-                c.rank.inflight = None
-        return dropped
+        return [c for c in (self.untrack(ref) for ref in refs) if c is not None]
 
     def on_worker(self, device: int) -> list[Any]:
         """The refs of the calls in flight on ``device``'s worker."""
