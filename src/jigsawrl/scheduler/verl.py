@@ -4,24 +4,30 @@ Faithful to verl as its users run it (``reference/peers.md``): on each pipeline'
 rollout engine and reference model time-share every device; a step runs rollout → reward → old
 log-prob → ref log-prob → actor update → weight sync, stage after stage, and every DP rank waits
 for the slowest before training (the long-tail barrier). verl has no notion of several pipelines,
-so a verl user picks one of two placements:
+so a verl user picks a placement of the jobs:
 
 - ``split`` (``verl-split``): each pipeline is its own job on a disjoint share of the devices
   (``pipelines[i].num_devices`` when given, else an equal split rounded to whole TP groups);
-- ``serial`` (``verl-serial``): the jobs run one after another, each on all devices.
+- ``serial`` (``verl-serial``): the jobs run one after another, each on all devices;
+- ``sized`` (``verl-sized``): each job on a disjoint slice sized to its predicted work (from the
+  task presets' length priors, never sampled lengths; ``num_devices`` is not read: that sizing
+  is ``verl-split``'s) — see ``scheduler/verl_placements.py``;
+- ``queue`` (``verl-queue`` with ``k``; named ``verl-queue-{k}``): ``k`` jobs at a time on ``k``
+  equal disjoint slices, the next job (longest predicted first) taking a slice when one finishes.
 
-``verl`` runs both and reports the better (the runner evaluates :meth:`VerlPolicy.variants`).
+``verl`` runs every placement and reports the best measured (the runner evaluates
+:meth:`VerlPolicy.variants`; DESIGN.md §6); ``verl-queue`` without ``k`` does the same over k.
 Memory follows verl's defaults: the FSDP train state and the reference weights stay resident, the
 vLLM engine gets ``gpu_memory_utilization`` of device memory (weights + KV) while it runs; async
 pipelines are run synchronously (verl's default trainer; its async recipes are other baselines).
-Simplification: job start-up (model loading) is not charged, which favours ``verl-serial``.
+Simplification: job start-up (model loading) is not charged, which favours ``verl-serial`` and
+``verl-queue`` (each queued job would load its models when it takes a slice).
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from jigsawrl.costmodel import CostModelProtocol
 from jigsawrl.errors import ConfigError
 from jigsawrl.scheduler.base import (
     Action,
@@ -34,17 +40,27 @@ from jigsawrl.scheduler.base import (
     View,
     register_policy,
 )
+from jigsawrl.scheduler.verl_placements import (
+    MAX_QUEUE_K,
+    MICRO_BATCH_TOKENS,
+    JobTimer,
+    check_fit,
+    longest_first,
+    pipeline_resident_bytes,
+    queue_slices,
+    queue_widths,
+    sized_split,
+    usable,
+)
 from jigsawrl.stages import MODEL_PASSES, Stage
 from jigsawrl.workload.experiment import DEFAULT_GPU_MEMORY_UTILIZATION
 
-# verl's dynamic batch size default for the actor: ppo_max_token_len_per_gpu = 16384.
-MICRO_BATCH_TOKENS = 16384
+__all__ = ["MICRO_BATCH_TOKENS", "VerlPolicy", "check_fit", "pipeline_resident_bytes",
+           "split_devices"]
 
-
-def pipeline_resident_bytes(cost: CostModelProtocol, pv: PipelineView, n_devices: int) -> float:
-    """Persistent per-device state of a colocated pipeline: FSDP train state + reference weights."""
-    ref = pv.model.weight_bytes() / n_devices if pv.spec.use_ref else 0.0
-    return cost.train_state_bytes(pv.model, n_devices) + ref
+Placement = Literal["split", "serial", "sized", "queue", "auto"]
+NAMES = {"split": "verl-split", "serial": "verl-serial", "sized": "verl-sized",
+         "queue": "verl-queue", "auto": "verl"}
 
 
 def split_devices(view: View) -> dict[str, tuple[int, ...]]:
@@ -70,53 +86,66 @@ def split_devices(view: View) -> dict[str, tuple[int, ...]]:
             raise ConfigError(f"pipeline {p.name!r} gets no whole TP group under verl-split",
                               where=f"pipelines.{p.index}.rollout_tp")
         out[p.name] = tuple(range(start, start + size))
-        _check_fit(view, p, size)
+        check_fit(view, p, size)
         start += size
     return out
 
 
-def _check_fit(view: View, pv: PipelineView, n: int) -> None:
-    """A colocated pipeline must hold its train state, reference and activations on ``n`` devices.
-
-    Raises:
-        ConfigError: naming the pipeline and what to change.
-    """
-    need = pipeline_resident_bytes(view.cost, pv, n) + view.cost.activation_bytes(
-        pv.model, MICRO_BATCH_TOKENS, n)
-    have = view.accelerator.hbm_bytes
-    if need > have:
-        raise ConfigError(
-            f"pipeline {pv.name!r} ({pv.spec.model}) needs {need / 1e9:.0f} GB per device to "
-            f"train colocated on {n} device(s), {view.accelerator.name} has {have / 1e9:.0f} GB",
-            where=f"pipelines.{pv.index}.num_devices",
-            fix="give it more devices (num_devices) or use verl-serial")
-
-
 @register_policy("verl-split")
 class VerlPolicy(PolicyBase):
-    """See the module docstring."""
+    """See the module docstring.
 
-    def __init__(self, placement: Literal["split", "serial", "auto"] = "split",
-                 gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION) -> None:
-        if placement not in ("split", "serial", "auto"):
-            raise ConfigError(f"placement must be split, serial or auto, not {placement!r}",
+    Args:
+        placement: how the jobs are placed (module docstring); ``auto`` runs them all.
+        gpu_memory_utilization: the vLLM engine's share of device memory.
+        k: jobs at a time, ``queue`` only (None: every k, as variants).
+    """
+
+    def __init__(self, placement: Placement = "split",
+                 gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+                 k: int | None = None) -> None:
+        if placement not in NAMES:
+            raise ConfigError(f"placement must be one of {', '.join(NAMES)}, not {placement!r}",
                               where="scheduler.params.placement")
+        if k is not None and (placement != "queue" or not isinstance(k, int) or k < 1):
+            raise ConfigError(f"k={k!r}: a positive whole number of jobs at a time, for "
+                              "verl-queue only", where="scheduler.params.k")
         self.placement = placement
         self.gpu_memory_utilization = gpu_memory_utilization
-        self.name = {"split": "verl-split", "serial": "verl-serial", "auto": "verl"}[placement]
+        self.k = k
+        self.name = f"verl-queue-{k}" if k is not None else NAMES[placement]
         self._devices: dict[str, tuple[int, ...]] | None = None
         self._placed: set[str] = set()
+        self._slices: list[tuple[int, ...]] = []  # queue: the slices, and who holds each
+        self._holder: dict[int, str] = {}
+        self._order: list[str] = []  # queue: the jobs not yet started, in queue order
 
     def variants(self) -> list[VerlPolicy]:
-        """For ``verl`` (auto): the placements to run; the runner reports the better."""
-        if self.placement != "auto":
-            return [self]
-        return [VerlPolicy(p, self.gpu_memory_utilization) for p in ("split", "serial")]
+        """The placements to run, the runner reporting the best: for ``verl`` (auto) split,
+        serial, sized and the queues of 2 .. :data:`MAX_QUEUE_K` jobs at a time (split and
+        serial first, so that a tie names today's placements); for ``verl-queue`` without
+        ``k`` the queues. A queue that duplicates split or serial, or whose slices cannot hold
+        a pipeline, fails fast at its first decision and the runner skips it."""
+        gmu = self.gpu_memory_utilization
+        queues = [VerlPolicy("queue", gmu, k) for k in range(2, MAX_QUEUE_K + 1)]
+        if self.placement == "auto":
+            return [VerlPolicy(p, gmu) for p in ("split", "serial", "sized")] + queues
+        if self.placement == "queue" and self.k is None:
+            return queues
+        return [self]
+
+    def variants_for(self, view: View) -> list[VerlPolicy]:
+        """:meth:`variants` knowing the pool (the first view): only the queues whose width
+        :func:`~jigsawrl.scheduler.verl_placements.queue_widths` keeps, so that no duplicate
+        or infeasible queue is run (for a runner that can build a view before running)."""
+        keep = set(queue_widths(view))
+        return [v for v in self.variants() if v.k is None or v.k in keep or v is self]
 
     def decide(self, view: View) -> Decision:
-        if self.placement == "auto":
-            raise ConfigError("verl (auto) picks between placements; run it through the runner",
-                              where="scheduler.name", fix="use verl-split or verl-serial here")
+        if self.placement == "auto" or (self.placement == "queue" and self.k is None):
+            raise ConfigError(f"{self.name} picks between placements; run it through the runner",
+                              where="scheduler.name",
+                              fix="use verl-split, verl-serial, verl-sized or verl-queue with k")
         if self._devices is None:
             self._devices = self._place(view)
         actions: list[Action] = []
@@ -138,14 +167,44 @@ class VerlPolicy(PolicyBase):
     def _place(self, view: View) -> dict[str, tuple[int, ...]]:
         if self.placement == "split":
             return split_devices(view)
+        if self.placement == "sized":
+            return sized_split(view, JobTimer(view, self.gpu_memory_utilization))
+        if self.placement == "queue":
+            assert self.k is not None
+            self._slices = queue_slices(view, self.k)
+            timer = JobTimer(view, self.gpu_memory_utilization)
+            self._order = longest_first(view, timer, len(self._slices[0]))
+            return {}  # devices are given as slices free up (_active)
         everything = tuple(d.index for d in view.devices)
         for p in view.pipelines:
-            _check_fit(view, p, len(everything))
+            check_fit(view, p, len(everything))
         return {p.name: everything for p in view.pipelines}
 
     def _active(self, view: View) -> list[PipelineView]:
         live = [p for p in view.pipelines if not p.finished]
-        return live[:1] if self.placement == "serial" else live
+        if self.placement == "serial":
+            return live[:1]
+        if self.placement == "queue":
+            return self._queue_active(view)
+        return live
+
+    def _queue_active(self, view: View) -> list[PipelineView]:
+        """The queue's running jobs: a finished job's slice goes to the next job in order."""
+        assert self._devices is not None
+        by_name = {p.name: p for p in view.pipelines}
+        for i, slice_devs in enumerate(self._slices):
+            holder = self._holder.get(i)
+            if holder is not None and not by_name[holder].finished:
+                continue
+            self._holder.pop(i, None)
+            while self._order:
+                nxt = by_name[self._order.pop(0)]
+                if nxt.finished:
+                    continue
+                self._holder[i] = nxt.name
+                self._devices[nxt.name] = slice_devs[:usable(nxt, len(slice_devs))]
+                break
+        return [by_name[name] for _, name in sorted(self._holder.items())]
 
     def _resident(self, view: View, pv: PipelineView, devs: tuple[int, ...]) -> float:
         return pipeline_resident_bytes(view.cost, pv, len(devs))
@@ -171,6 +230,16 @@ class VerlPolicy(PolicyBase):
 @register_policy("verl-serial")
 def _verl_serial(**params) -> VerlPolicy:  # noqa: ANN003
     return VerlPolicy(placement="serial", **params)
+
+
+@register_policy("verl-sized")
+def _verl_sized(**params) -> VerlPolicy:  # noqa: ANN003
+    return VerlPolicy(placement="sized", **params)
+
+
+@register_policy("verl-queue")
+def _verl_queue(**params) -> VerlPolicy:  # noqa: ANN003
+    return VerlPolicy(placement="queue", **params)
 
 
 @register_policy("verl")
