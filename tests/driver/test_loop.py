@@ -106,3 +106,18 @@ def test_driver_rejects_not_ready_and_stalls(fake_cost) -> None:  # noqa: ANN001
     ex = FixedExecutor(exp, truth_cost=fake_cost, seed=0, lengths={"p0": [1, 1]})
     with pytest.raises(SchedulerStalled, match="started nothing"):
         Driver(exp, Greedy(None), ex, fake_cost).run()
+
+
+class LosingExecutor(FixedExecutor):
+    """Accepts every task and runs none of them (an executor that lost its tasks)."""
+
+    def launch(self, action) -> None:  # noqa: ANN001
+        pass
+
+
+def test_stall_names_the_tasks_the_executor_lost(fake_cost) -> None:  # noqa: ANN001
+    """A task the executor neither finished nor failed stalls the driver; the error names it."""
+    exp = experiment()
+    ex = LosingExecutor(exp, truth_cost=fake_cost, seed=0, lengths={"p0": [1, 1]})
+    with pytest.raises(SchedulerStalled, match=r"no longer runs: \['p0/0/rollout'\]"):
+        Driver(exp, get_policy("verl-split"), ex, fake_cost).run()

@@ -16,7 +16,6 @@ from jigsawrl.driver.protocol import Executor, Notification, RankProgress, TaskD
 from jigsawrl.driver.state import DriverState, InvariantError, PipelineState
 from jigsawrl.events import Event, PipelineFailed, StepFinished
 from jigsawrl.scheduler.base import (
-    ROLLOUT,
     Action,
     Interrupt,
     Migrate,
@@ -29,22 +28,20 @@ from jigsawrl.scheduler.base import (
     stage_sequence,
     task_id,
 )
+from jigsawrl.stages import HOST_STAGES, MEMORY_MOVES, ROLLOUT_BANDS, VERL_TIMING, Stage
 from jigsawrl.workload.experiment import Experiment
 
 log = logging.getLogger(__name__)
 
-# verl's timing names for each stage (peers.md): timing_s/{gen,reward,old_log_prob,ref,...}.
-VERL_TIMING = {
-    ROLLOUT: "gen", "reward": "reward", "old_logprob": "old_log_prob", "ref_logprob": "ref",
-    "actor_update": "update_actor", "weight_sync": "update_weights",
-}
+# verl's timing name of each task's stage (peers.md): timing_s/{gen,reward,old_log_prob,ref,...};
+# stages.VERL_TIMING names the spans each one measures, and a rollout task's spans are its bands.
+TIMING_KEY: dict[str, str] = {
+    (Stage.ROLLOUT if stages == ROLLOUT_BANDS else stages[0]): key
+    for key, stages in VERL_TIMING.items()}
 
-
-# Stages that move data or run on the host CPU: they may hold devices at compute share 0.
-HOST_STAGES = frozenset({"reward", "weight_sync", "offload", "onload"})
-# Memory moves a policy may launch for a pipeline at any time: they are no stage of a step (not in
-# ``stage_sequence``), so they skip the readiness check and mark nothing done.
-MEMORY_MOVES = ("offload", "onload")
+# HOST_STAGES (stages.py) may hold devices at compute share 0. MEMORY_MOVES a policy may launch for
+# a pipeline at any time: they are no stage of a step (not in ``stage_sequence``), so they skip the
+# readiness check and mark nothing done.
 
 
 class SchedulerStalled(RuntimeError):
@@ -163,7 +160,7 @@ class Driver:
         return 1
 
     def _launch(self, a: StartRollout | StartStage) -> int:
-        stage = ROLLOUT if isinstance(a, StartRollout) else a.stage
+        stage = Stage.ROLLOUT if isinstance(a, StartRollout) else a.stage
         ps = self.state.pipes[a.pipeline]
         tid = task_id(a.pipeline, a.step, stage)
         if stage in MEMORY_MOVES:
@@ -212,8 +209,8 @@ class Driver:
             return
         ps.done.setdefault(note.step, set()).add(note.stage)
         timings = ps.stage_s.setdefault(note.step, {})
-        timings[VERL_TIMING.get(note.stage, note.stage)] = note.time_s - task.start_s
-        if note.stage == ROLLOUT:
+        timings[TIMING_KEY.get(note.stage, note.stage)] = note.time_s - task.start_s
+        if note.stage == Stage.ROLLOUT:
             self.state.observe_rollout(note.pipeline, note.step, note.prompt_tokens,
                                        note.response_tokens)
         if ps.done[note.step] >= set(stage_sequence(ps.res.spec)):
@@ -248,7 +245,12 @@ class Driver:
         return self.state.pipes[tid.split("/", 1)[0]]
 
     def _stall_message(self) -> str:
-        todo = {n: p.view().ready() for n, p in self.state.pipes.items() if p.failed is None}
+        live = {n: p for n, p in self.state.pipes.items() if p.failed is None}
+        todo = {n: p.view().ready() for n, p in live.items()}
+        waiting = sorted(t for p in live.values() for t in p.running)
+        # Tasks still running here while the executor runs nothing: it lost them (neither done
+        # nor failed), which is the executor's bug, not the policy's.
+        lost = f"; tasks the executor no longer runs: {waiting}" if waiting else ""
         return (f"policy {self.policy.name!r} started nothing at "
-                f"t={self.executor.now_s:.1f}s while nothing runs; ready work: {todo}")
+                f"t={self.executor.now_s:.1f}s while nothing runs; ready work: {todo}{lost}")
 

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from jigsawrl.graph.predict import StepObservation
-from jigsawrl.scheduler.base import ROLLOUT, DeviceView, PipelineView, RunningTask, View
+from jigsawrl.scheduler.base import DeviceView, PipelineView, RunningTask, View
+from jigsawrl.stages import Stage
 from jigsawrl.workload.experiment import Experiment, ResolvedPipeline
 
 EPS = 1e-9
@@ -192,4 +193,4 @@ class DriverState:
         del ps.history[:-8]  # keep the recent steps only (prediction uses the last few)
 
     def is_rollout(self, stage: str) -> bool:
-        return stage == ROLLOUT
+        return stage == Stage.ROLLOUT
