@@ -92,11 +92,11 @@ def test_unreachable_cluster_is_a_clear_error() -> None:
     """--address where nobody listens: a ConfigError at once (Ray alone would retry for a
     minute, then abort the process)."""
     from jigsawrl.errors import ConfigError
-    from jigsawrl.executors.raycluster.placement import _check_reachable
+    from jigsawrl.executors.raycluster.placement import check_reachable
 
     with pytest.raises(ConfigError, match="no Ray cluster answers"):
-        _check_reachable("127.0.0.1:1")
-    _check_reachable("auto")  # left to Ray
+        check_reachable("127.0.0.1:1")
+    check_reachable("auto")  # left to Ray
 
 
 def test_busy_on_sees_a_pipelines_calls_and_helpers_on_a_device() -> None:

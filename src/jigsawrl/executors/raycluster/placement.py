@@ -49,7 +49,7 @@ def connect(address: str | None, num_devices: int, num_cpus: int | None = None) 
         ray.init(num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False,
                  resources={DEVICE_RESOURCE: num_devices}, logging_level=logging.WARNING)
     else:
-        _check_reachable(address)
+        check_reachable(address)
         try:
             ray.init(address=address, logging_level=logging.WARNING)
         except (ConnectionError, RuntimeError, ValueError) as exc:
@@ -61,7 +61,7 @@ def connect(address: str | None, num_devices: int, num_cpus: int | None = None) 
     return True
 
 
-def _check_reachable(address: str) -> None:
+def check_reachable(address: str) -> None:
     """Fail fast on a ``host:port`` nobody listens on: Ray itself retries for a minute and then
     aborts the process (a C++ check failure, no Python error)."""
     import socket
