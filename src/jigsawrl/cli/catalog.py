@@ -79,7 +79,11 @@ def _tasks() -> Table:
 SCHEDULER_SUMMARIES = {
     "jigsaw": "JigsawRL: sub-stage multiplexing, dynamic shares, tail migration, look-ahead",
     "greedy": "jigsaw without look-ahead (depth 0): the look-ahead ablation",
-    "verl": "verl (HybridFlow), sync colocated: best of verl-split and verl-serial",
+    "verl": "verl (HybridFlow), sync colocated: the best of verl-split, verl-serial, "
+            "verl-sized and every verl-queue-k (the winner is named)",
+    "verl-sized": "verl, each job on a slice sized to its predicted work (task priors)",
+    "verl-queue": "verl, k jobs at a time on equal slices, the next taking a freed slice "
+                  "(params.k; none: every k)",
     "verl-split": "verl, each pipeline a job on its own disjoint share of the devices",
     "verl-serial": "verl, the pipelines' jobs one after another on all devices",
     "rollmux": "RollMux: whole phases round-robin over a rollout pool and a training pool",
