@@ -21,7 +21,6 @@ from jigsawrl.costmodel.protocol import CostModelProtocol
 from jigsawrl.driver.protocol import Notification, RankProgress, TaskDone
 from jigsawrl.events import Event
 from jigsawrl.scheduler.base import (
-    ROLLOUT,
     Interrupt,
     Migrate,
     SetShare,
@@ -31,6 +30,7 @@ from jigsawrl.scheduler.base import (
 )
 from jigsawrl.sim.cluster import SimCluster
 from jigsawrl.sim.dispatch import TruthSampler, dispatch_requests
+from jigsawrl.stages import Stage
 from jigsawrl.workload.experiment import Experiment, ResolvedPipeline
 from jigsawrl.workload.requests import RequestTruth
 
@@ -128,7 +128,7 @@ class SimulatedExecutor:
         return dispatch_requests(reqs, n, how, seed=self.seed, step=step)
 
     def _launch_rollout(self, pipe: ResolvedPipeline, a: StartRollout) -> None:
-        tid = task_id(a.pipeline, a.step, ROLLOUT)
+        tid = task_id(a.pipeline, a.step, Stage.ROLLOUT)
         n_ranks = len(a.devices) // a.tp
         if n_ranks < 1:
             raise ValueError(f"{tid}: {len(a.devices)} devices cannot host TP={a.tp}")

@@ -29,9 +29,6 @@ from jigsawrl.stages import POST_ROLLOUT, Stage
 from jigsawrl.workload.accelerators import AcceleratorSpec
 from jigsawrl.workload.models import ModelSpec
 
-# Kept for the driver and executors, which import it from here (the name is stages.Stage.ROLLOUT).
-ROLLOUT = Stage.ROLLOUT
-
 
 def stage_sequence(spec: PipelineSpec) -> tuple[Stage, ...]:
     """The stages of one step in order (verl's order: gen, reward, old, ref, update, sync; the

@@ -39,10 +39,6 @@ from jigsawrl.stages import Stage, decode_band
 from jigsawrl.workload.models import ModelSpec
 from jigsawrl.workload.requests import RequestTruth
 
-# ``decode_band`` is re-exported for executors/raycluster/executor.py (import it from
-# jigsawrl.stages instead).
-__all__ = ["ReqRun", "RolloutInstance", "Segment", "SegmentResult", "decode_band"]
-
 
 @dataclass(slots=True, eq=False)
 class ReqRun:
