@@ -1,23 +1,32 @@
-"""A lower bound on the makespan of an experiment, from the cost model (``efficiency``).
+"""The makespan *floor* of an experiment (``floor_s``, ``efficiency_floor``), and the per-step
+facts both bounds read.
 
-No policy can finish sooner, because the bound relaxes everything a policy controls:
+The floor is the weakest, simplest lower bound on the makespan; the realistic bound
+(``bound_s``, :mod:`jigsawrl.graph.makespan_bound`) is never below it. No policy can finish
+sooner than the floor, because it relaxes everything a policy controls:
 
-- *per pipeline* (dependency bound): every step's rollout lasts at least as long as its single
+- *per pipeline* (dependency floor): every step's rollout lasts at least as long as its single
   longest request decoded alone (batch 1, whole device, no contention: the fastest an iteration
   can be in the cost model) plus its prefills and tool waits; the post-rollout stages then run at
-  full share on *all* devices. Steps are sequential for sync pipelines. For async pipelines only
-  training is sequential, so the bound is the first rollout plus the sum of training stages.
-- *whole pool* (work bound): the compute-bound FLOPs of every log-prob and update pass, spread
+  full share on their fastest device count of the pool. Steps are sequential for sync pipelines.
+  For async pipelines only training is sequential, so the floor is the first rollout plus the
+  sum of training stages.
+- *whole pool* (work floor): the compute-bound FLOPs of every log-prob and update pass, spread
   over all devices at the cost model's training efficiency.
 
-``lower_bound_s`` is the larger of the two; ``efficiency = lower_bound_s / makespan_s``. The bound
-uses the noise-free cost model, so a run with truth noise can land a few percent under it by
+``floor_s`` is the larger of the two (before schema 2 of the summary it was called
+``lower_bound_s`` and its ratio ``efficiency``). It counts no decode work and no batching, which
+is why a good schedule sits far above it; it stays as the invariant every run is tested against.
+It uses the noise-free cost model, so a run with truth noise can land a few percent under it by
 luck; tests check it with noise off.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
 
 from jigsawrl.costmodel.protocol import CostModelProtocol
 from jigsawrl.workload.models import ModelSpec
@@ -39,10 +48,39 @@ def request_floor_s(cost: CostModelProtocol, model: ModelSpec, tp: int,
     return t
 
 
-def _train_chain_s(cost: CostModelProtocol, model: ModelSpec, n: int, tokens: int, samples: int,
-                   use_ref: bool, epochs: int, tp: int) -> float:
-    """Post-rollout stages, each on its fastest device count in 1..n (communication makes
-    more devices not always faster, so the minimum over counts is what bounds every policy)."""
+def rollout_floor_s(cost: CostModelProtocol, model: ModelSpec, tp: int,
+                    reqs: Sequence[RequestTruth]) -> float:
+    """``max`` of :func:`request_floor_s` over a step's requests (0 for none).
+
+    A single-turn request's floor grows with its prompt and its response (prefill and decode
+    times are monotone in both in every cost model here), so only the single-turn requests on
+    the Pareto front of (prompt, response) are evaluated; multi-turn ones are all evaluated.
+    """
+    single = [r for r in reqs if len(r.turns) == 1]
+    multi = [r for r in reqs if len(r.turns) != 1]
+    cands = multi + pareto_front(single)
+    return max((request_floor_s(cost, model, tp, r) for r in cands), default=0.0)
+
+
+def pareto_front(reqs: Sequence[RequestTruth]) -> list[RequestTruth]:
+    """Single-turn requests not dominated in (prompt tokens, response tokens)."""
+    if not reqs:
+        return []
+    p = np.fromiter((r.prompt_tokens for r in reqs), float, len(reqs))
+    n = np.fromiter((r.turns[0].response_tokens for r in reqs), float, len(reqs))
+    order = np.lexsort((-p, -n))  # longest response first, then longest prompt
+    best = np.maximum.accumulate(p[order])
+    keep = np.empty(len(order), dtype=bool)
+    keep[0] = True
+    keep[1:] = p[order][1:] > best[:-1]
+    return [reqs[i] for i in order[keep]]
+
+
+def post_chain_floor_s(cost: CostModelProtocol, model: ModelSpec, n: int, tokens: int,
+                       samples: int, use_ref: bool, epochs: int, tp: int) -> float:
+    """Post-rollout stages (reward, old / ref log-probs, update, weight sync) at full share,
+    each on its fastest device count in 1..n (communication makes more devices not always
+    faster, so the minimum over counts is what bounds every policy)."""
     counts = sorted({n, *(2 ** i for i in range(n.bit_length()) if 2 ** i <= n)})
 
     def best(fn: Callable[[int], float]) -> float:
@@ -55,9 +93,67 @@ def _train_chain_s(cost: CostModelProtocol, model: ModelSpec, n: int, tokens: in
     return t + best(lambda k: cost.weight_sync_time_s(model, k, tp))
 
 
-def makespan_lower_bound(pipes: Sequence, steps_requests: Callable[[object, int], list],  # noqa: ANN001
-                         cost: CostModelProtocol, num_devices: int) -> float:
-    """max(dependency bound over pipelines, work bound over the pool); see the module doc.
+@dataclass(frozen=True, slots=True)
+class StepFacts:
+    """What both bounds need to know about one step of one pipeline.
+
+    ``rollout_floor_s``: :func:`rollout_floor_s`; ``post_s``: :func:`post_chain_floor_s` on the
+    whole pool; ``pass_flops``: FLOPs of its log-prob and update passes.
+    """
+
+    requests: tuple[RequestTruth, ...]
+    rollout_floor_s: float
+    post_s: float
+    pass_flops: float
+
+
+def step_facts(cost: CostModelProtocol, pipe, reqs: Sequence[RequestTruth],  # noqa: ANN001
+               num_devices: int) -> StepFacts:
+    """:class:`StepFacts` of one step of ``pipe`` (``.spec``, ``.model``) with requests ``reqs``."""
+    spec, m = pipe.spec, pipe.model
+    tokens = sum(r.total_tokens for r in reqs)
+    post = post_chain_floor_s(cost, m, num_devices, tokens, len(reqs), spec.use_ref,
+                              spec.train.ppo_epochs, spec.rollout_tp)
+    passes = 2 if spec.use_ref else 1
+    flops = passes * cost.logprob_flops(m, tokens) + \
+        spec.train.ppo_epochs * cost.train_flops(m, tokens)
+    return StepFacts(tuple(reqs), rollout_floor_s(cost, m, spec.rollout_tp, reqs), post, flops)
+
+
+def staleness(spec) -> int:  # noqa: ANN001
+    """Steps a rollout may run ahead of training (0 = sync; AReaL's η for async)."""
+    return spec.max_staleness if spec.mode == "async" and spec.max_staleness > 0 else 0
+
+
+def pipeline_facts(pipes: Sequence, steps_requests: Callable[[object, int], list],  # noqa: ANN001
+                   cost: CostModelProtocol, num_devices: int) -> dict[str, list[StepFacts]]:
+    """:class:`StepFacts` of every step of every pipeline, keyed by pipeline name."""
+    return {p.spec.name: [step_facts(cost, p, steps_requests(p, k), num_devices)
+                          for k in range(p.spec.steps)] for p in pipes}
+
+
+def floor_from_facts(pipes: Sequence, facts: dict[str, list[StepFacts]],  # noqa: ANN001
+                     cost: CostModelProtocol, num_devices: int) -> float:
+    """The floor (module docstring) from precomputed :class:`StepFacts`."""
+    dep = 0.0
+    work_flops = 0.0
+    for p in pipes:
+        steps = facts[p.spec.name]
+        rolls = [s.rollout_floor_s for s in steps]
+        trains = [s.post_s for s in steps]
+        work_flops += sum(s.pass_flops for s in steps)
+        if staleness(p.spec):
+            chain = (rolls[0] if rolls else 0.0) + sum(trains)
+        else:
+            chain = sum(rolls) + sum(trains)
+        dep = max(dep, p.spec.start_s + chain)
+    rate = cost.accel.peak_flops * cost.params.train_eff * num_devices
+    return max(dep, work_flops / rate)
+
+
+def makespan_floor(pipes: Sequence, steps_requests: Callable[[object, int], list],  # noqa: ANN001
+                   cost: CostModelProtocol, num_devices: int) -> float:
+    """max(dependency floor over pipelines, work floor over the pool); see the module doc.
 
     Args:
         pipes: resolved pipelines (``.spec``, ``.model``).
@@ -65,25 +161,9 @@ def makespan_lower_bound(pipes: Sequence, steps_requests: Callable[[object, int]
         cost: a noise-free cost model.
         num_devices: devices in the pool.
     """
-    dep = 0.0
-    work_flops = 0.0
-    for p in pipes:
-        spec, m = p.spec, p.model
-        rolls, trains = [], []
-        for k in range(spec.steps):
-            reqs = steps_requests(p, k)
-            rolls.append(max((request_floor_s(cost, m, spec.rollout_tp, r) for r in reqs),
-                             default=0.0))
-            tokens = sum(r.total_tokens for r in reqs)
-            trains.append(_train_chain_s(cost, m, num_devices, tokens, len(reqs), spec.use_ref,
-                                         spec.train.ppo_epochs, spec.rollout_tp))
-            passes = 2 if spec.use_ref else 1
-            work_flops += passes * cost.logprob_flops(m, tokens) + \
-                spec.train.ppo_epochs * cost.train_flops(m, tokens)
-        if spec.mode == "async" and spec.max_staleness > 0:
-            chain = rolls[0] + sum(trains)
-        else:
-            chain = sum(rolls) + sum(trains)
-        dep = max(dep, spec.start_s + chain)
-    rate = cost.accel.peak_flops * cost.params.train_eff * num_devices
-    return max(dep, work_flops / rate)
+    return floor_from_facts(pipes, pipeline_facts(pipes, steps_requests, cost, num_devices),
+                            cost, num_devices)
+
+
+# The name before schema 2 (``lower_bound_s``); kept for callers that predate the split.
+makespan_lower_bound = makespan_floor
