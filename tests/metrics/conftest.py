@@ -10,7 +10,8 @@ from jigsawrl.metrics import RunInfo
 
 @pytest.fixture
 def info() -> RunInfo:
-    """Two devices at 1 TFLOP/s peak, $3.60 per device-hour (= $0.001 per device-second)."""
+    """Two devices at 1 TFLOP/s peak, $3.60 per device-hour (= $0.001 per device-second); a
+    makespan floor of 5 s and a bound of 6 s."""
     return RunInfo(
         name="hand",
         policy="jigsaw",
@@ -22,6 +23,7 @@ def info() -> RunInfo:
         pipelines=("A", "B"),
         solo_step_latency_s={"A": 4.0},
         lower_bound_s=5.0,
+        bound_s=6.0,
     )
 
 

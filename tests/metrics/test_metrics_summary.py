@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from jigsawrl.events import Span, StepFinished
 from jigsawrl.metrics import RunInfo, summarize
-from jigsawrl.metrics.summary import capped_share_integral, union_length
+from jigsawrl.metrics.summary import capped_share_integral, step_latencies, union_length
 
 
 def _pipe(summary: dict, name: str) -> dict:
@@ -34,7 +34,13 @@ def test_headline_metrics_known_answers(events, info):
     assert s["mfu"] == pytest.approx(6e12 / (2 * 1e12 * 10))
     assert s["cost_usd"] == pytest.approx(0.02)
     assert s["cost_per_million_tokens_usd"] == pytest.approx(0.02 / 500e-6)
-    assert s["efficiency"] == pytest.approx(0.5)
+    # schema 2: the floor's ratio (``efficiency`` before) is ``efficiency_floor``; ``efficiency``
+    # is against the realistic bound
+    assert s["schema_version"] == 2
+    assert (s["floor_s"], s["bound_s"]) == (5.0, 6.0)
+    assert s["efficiency_floor"] == pytest.approx(0.5)
+    assert s["efficiency"] == pytest.approx(0.6)
+    assert s["bound_note"] is None
     assert s["mean_latency_vs_solo"] == pytest.approx(2.0)
     assert s["failed_pipelines"] == ["B"]
     json.dumps(s, allow_nan=False)  # JSON-able, no NaN
@@ -64,12 +70,49 @@ def test_pipeline_entries_known_answers(events, info):
 
 
 def test_step_latency_percentiles_and_timing_fallback(info):
-    steps = [StepFinished("A", k, 0.0, lat, {"reward": 0.5}) for k, lat in enumerate([1, 2, 3, 4])]
+    # latencies 1, 2, 3, 4: each step ends that long after the previous one (steps 1-3
+    # launched 0.5 s after they became ready: the wait counts, schema 2)
+    ends = [1.0, 3.0, 6.0, 10.0]
+    steps = [StepFinished("A", k, ends[k - 1] + 0.5 if k else 0.0, end, {"reward": 0.5})
+             for k, end in enumerate(ends)]
     p = _pipe(summarize(steps, info), "A")
     assert p["mean_step_latency_s"] == pytest.approx(2.5)
     assert p["p50_step_latency_s"] == pytest.approx(2.5)
     assert p["p90_step_latency_s"] == pytest.approx(3.7)
     assert p["timing_s/reward"] == pytest.approx(0.5)  # from StepFinished.timings_s
+
+
+def test_step_latency_runs_from_the_previous_step_or_the_arrival(info):
+    """Step 0 from the pipeline's arrival, step k from step k-1's end: waiting for devices
+    counts; the rollout's launch (StepFinished.start_s) does not start the clock."""
+    steps = [StepFinished("A", 0, 5.0, 9.0), StepFinished("A", 1, 12.0, 14.0),
+             StepFinished("B", 0, 1.0, 4.0)]
+    assert step_latencies(steps, {"A": 2.0, "B": 0.0}) == {
+        ("A", 0): 7.0, ("A", 1): 5.0, ("B", 0): 4.0}
+    assert step_latencies(steps)[("A", 0)] == 9.0  # arrival unknown: the run's start (t0 = 0)
+    assert step_latencies(steps, t0_s=1.0)[("A", 0)] == 8.0
+    # a step whose previous step never finished counts from its own launch
+    assert step_latencies([StepFinished("A", 3, 20.0, 26.0)]) == {("A", 3): 6.0}
+    with_arrival = RunInfo(**{**info.to_dict(), "arrival_s": {"A": 2.0, "B": 0.0}})
+    s = summarize(steps, with_arrival)
+    a = _pipe(s, "A")
+    assert a["mean_step_latency_s"] == pytest.approx(6.0)
+    assert a["timing_s/step"] == pytest.approx(6.0)
+    assert s["perf/time_per_step"] == pytest.approx((7.0 + 5.0 + 4.0) / 3)
+    assert a["latency_vs_solo"] == pytest.approx(6.0 / 4.0)
+
+
+def test_a_run_without_bound_says_why_and_a_beaten_bound_is_flagged(events, info):
+    real = RunInfo(**{**info.to_dict(), "bound_s": None, "executor": "ray"})
+    s = summarize(events, real)
+    assert s["bound_s"] is None and s["efficiency"] is None
+    assert s["efficiency_floor"] == pytest.approx(0.5)
+    assert "true requests" in s["bound_note"]
+    beaten = RunInfo(**{**info.to_dict(), "bound_s": 12.0, "bound_terms": {"floor": 5.0}})
+    s = summarize(events, beaten)
+    assert s["efficiency"] == pytest.approx(1.2)
+    assert "below bound_s" in s["bound_note"] and s["bound_terms"] == {"floor": 5.0}
+    json.dumps(s, allow_nan=False)
 
 
 def test_only_finished_samples_count(info):

@@ -51,6 +51,8 @@ def _caption(s: dict[str, Any]) -> str:
     ]
     if s.get("efficiency") is not None:
         parts.append(f"efficiency {_pct(s['efficiency'])} of bound")
+    if s.get("efficiency_floor") is not None:
+        parts.append(f"{_pct(s['efficiency_floor'])} of floor")
     return " · ".join(parts)
 
 

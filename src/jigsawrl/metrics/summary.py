@@ -30,10 +30,20 @@ Definitions (all times in seconds of the executor's clock; ``N`` = ``num_devices
 ``cost_usd``
     ``N × price_per_device_hour_usd × makespan / 3600``: the whole pool is paid for the whole run,
     idle or not. ``cost_per_million_tokens_usd = cost_usd / (finished tokens / 1e6)``.
-``efficiency``
-    ``lower_bound_s / makespan_s`` when the cost model gave a makespan lower bound, else null.
+``floor_s``, ``efficiency_floor``
+    the makespan *floor* of the cost model (:mod:`jigsawrl.graph.bound`: each longest request
+    decoded alone at batch 1, no decode work counted; ``RunInfo.lower_bound_s``) and
+    ``floor_s / makespan_s``; null without a floor. Before schema 2 these were ``lower_bound_s``
+    (in ``run_info``) and ``efficiency``.
+``bound_s``, ``efficiency``, ``bound_note``, ``bound_terms``
+    the realistic makespan bound (:mod:`jigsawrl.graph.makespan_bound`: batching, KV growth,
+    post-rollout chains, the pool's bandwidth and compute) and ``efficiency = bound_s /
+    makespan_s``; both null, with the reason in ``bound_note``, when the run has no bound (a real
+    run: the bound needs the simulator's true requests). ``bound_note`` also says when the
+    makespan is *below* ``bound_s`` (``efficiency`` > 1): the run broke an assumption of the bound
+    (a TP change mid-rollout, truth noise). ``bound_terms``: the bound's terms, as computed.
 ``perf/time_per_step``
-    mean ``end_s - start_s`` over the :class:`StepFinished` events of all pipelines.
+    mean step latency (below) over the :class:`StepFinished` events of all pipelines.
 ``mean_latency_vs_solo``
     mean over pipelines of their ``latency_vs_solo`` (those where it is known).
 
@@ -44,7 +54,14 @@ Per pipeline (``pipelines`` list, in ``RunInfo.pipelines`` order, then any other
 ``tokens_per_s``
     ``tokens / makespan_s`` (the run's makespan, so the pipelines' rates add up to the total).
 ``mean_step_latency_s``, ``p50_step_latency_s``, ``p90_step_latency_s``
-    mean / percentiles (linear interpolation) of ``end_s - start_s`` of its finished steps.
+    mean / percentiles (linear interpolation) of its finished steps' *latencies*. A step's
+    latency runs from when the pipeline was ready for it to its weight sync: from the end of its
+    previous step (``StepFinished.end_s`` of step ``k - 1``), and for the first step from the
+    pipeline's arrival (``RunInfo.arrival_s``; the run's ``t0_s`` when not given). So time spent
+    waiting for devices behind other pipelines counts, as verl's ``timing_s/step`` counts a
+    trainer loop's whole iteration. (``StepFinished.start_s``, the rollout's launch, is used
+    only for a step whose previous step never finished.) For an async pipeline, whose rollout of
+    step ``k`` may start before step ``k - 1`` ends, this is the time between two weight syncs.
 ``latency_vs_solo``
     ``mean_step_latency_s / solo_step_latency_s[pipeline]`` when the solo latency is known
     (present, finite and > 0); null otherwise.
@@ -54,7 +71,7 @@ Per pipeline (``pipelines`` list, in ``RunInfo.pipelines`` order, then any other
     (prefill, decode_*, tool_wait), ``reward``, ``old_log_prob`` = old_logprob, ``ref`` =
     ref_logprob, ``update_actor`` = actor_update, ``update_weights`` = weight_sync. A stage with
     no span in a step falls back to ``StepFinished.timings_s`` (key as verl's or the stage name),
-    else counts 0. ``timing_s/step`` is the mean step latency.
+    else counts 0. ``timing_s/step`` is the mean step latency (as defined above).
 ``tool_wait_s``
     Σ duration of the pipeline's ``tool_wait`` spans (worker-seconds spent with every request of
     a worker waiting for tools; not multiplied by the worker's device count).
@@ -74,7 +91,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -91,7 +108,10 @@ from jigsawrl.stages import DEVICE_STAGES, VERL_TIMING, Stage
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+# 2: ``efficiency`` is against ``bound_s`` (the realistic bound); the old floor and its ratio are
+# ``floor_s`` / ``efficiency_floor``; step latencies run from the previous step's end (or the
+# pipeline's arrival), not from the rollout's launch.
+SCHEMA_VERSION = 2
 
 # verl timing key -> the stages whose wall extent it measures, then fallback keys in timings_s.
 TIMING_STAGES = VERL_TIMING
@@ -112,8 +132,14 @@ class RunInfo:
         price_per_device_hour_usd: price of one device-hour.
         pipelines: names of the pipelines, in display order.
         solo_step_latency_s: each pipeline's mean step latency when run alone on the pool.
-        lower_bound_s: a makespan lower bound from the cost model.
+        lower_bound_s: the makespan floor of the cost model (``floor_s``; the name predates
+            the realistic bound).
         executor: ``"simulated"`` or ``"ray"``.
+        bound_s: the realistic makespan bound (``bound_s``), None when there is none.
+        bound_note: why there is no bound, or a remark on it.
+        bound_terms: the bound's terms (``graph.makespan_bound.BoundReport.terms``).
+        arrival_s: when each pipeline arrived (its ``start_s``): the start of its first step's
+            latency.
 
     Raises:
         ValueError: a count or rate out of range.
@@ -130,6 +156,10 @@ class RunInfo:
     solo_step_latency_s: dict[str, float] | None = None
     lower_bound_s: float | None = None
     executor: str = "simulated"
+    bound_s: float | None = None
+    bound_note: str | None = None
+    bound_terms: dict[str, float] | None = None
+    arrival_s: dict[str, float] | None = None
 
     def __post_init__(self) -> None:
         if self.num_devices < 1:
@@ -273,8 +303,27 @@ def _extent(spans: Iterable[Span]) -> float | None:
     return hi - lo if hi >= lo else None
 
 
+def step_latencies(steps: Iterable[StepFinished], arrival_s: Mapping[str, float] | None = None,
+                   t0_s: float = 0.0) -> dict[tuple[str, int], float]:
+    """Each finished step's latency, keyed ``(pipeline, step)`` (module docstring): from the end
+    of the pipeline's previous step, for step 0 from its arrival (``arrival_s``, else ``t0_s``),
+    and from the step's own ``start_s`` when its previous step never finished."""
+    steps = list(steps)
+    ends = {(s.pipeline, s.step): s.end_s for s in steps}
+    arrival = arrival_s or {}
+    out: dict[tuple[str, int], float] = {}
+    for st in steps:
+        if st.step == 0:
+            ready = arrival.get(st.pipeline, t0_s)
+        else:
+            ready = ends.get((st.pipeline, st.step - 1), st.start_s)
+        out[(st.pipeline, st.step)] = st.end_s - ready
+    return out
+
+
 def _step_timings(
-    steps: Sequence[StepFinished], spans_by_step: dict[int, list[Span]]
+    steps: Sequence[StepFinished], spans_by_step: dict[int, list[Span]],
+    latency: Mapping[tuple[str, int], float],
 ) -> dict[str, float | None]:
     """Mean per finished step of each verl ``timing_s/*`` key (module docstring)."""
     out: dict[str, float | None] = {}
@@ -286,12 +335,13 @@ def _step_timings(
                 ext = st.timings_s.get(key, st.timings_s.get(stages[0], 0.0))
             values.append(ext)
         out[f"timing_s/{key}"] = float(np.mean(values)) if values else None
-    lat = [st.end_s - st.start_s for st in steps]
+    lat = [latency[(st.pipeline, st.step)] for st in steps]
     out["timing_s/step"] = float(np.mean(lat)) if lat else None
     return out
 
 
-def _pipeline_summary(name: str, ev: _Events, info: RunInfo, makespan: float) -> dict[str, Any]:
+def _pipeline_summary(name: str, ev: _Events, info: RunInfo, makespan: float,
+                      latency: Mapping[tuple[str, int], float]) -> dict[str, Any]:
     """One entry of the ``pipelines`` list (filtered to pipeline ``name``)."""
     spans = [s for s in ev.spans if s.pipeline == name]
     steps = sorted((s for s in ev.steps if s.pipeline == name), key=lambda s: s.step)
@@ -300,7 +350,7 @@ def _pipeline_summary(name: str, ev: _Events, info: RunInfo, makespan: float) ->
     spans_by_step: dict[int, list[Span]] = defaultdict(list)
     for sp in spans:
         spans_by_step[sp.step].append(sp)
-    lat = np.array([s.end_s - s.start_s for s in steps], dtype=float)
+    lat = np.array([latency[(s.pipeline, s.step)] for s in steps], dtype=float)
     tokens = sum(s.prompt_tokens + s.response_tokens for s in samples)
     mean_lat = float(lat.mean()) if len(lat) else None
     solo = (info.solo_step_latency_s or {}).get(name)
@@ -316,7 +366,7 @@ def _pipeline_summary(name: str, ev: _Events, info: RunInfo, makespan: float) ->
         "p50_step_latency_s": float(np.percentile(lat, 50)) if len(lat) else None,
         "p90_step_latency_s": float(np.percentile(lat, 90)) if len(lat) else None,
         "latency_vs_solo": _div(mean_lat, solo) if (mean_lat is not None and solo) else None,
-        **_step_timings(steps, spans_by_step),
+        **_step_timings(steps, spans_by_step, latency),
         "tool_wait_s": sum((s.duration_s for s in spans if s.stage == Stage.TOOL_WAIT), 0.0),
         "device_s": sum(
             s.duration_s * len(s.devices) * s.compute_share
@@ -357,9 +407,10 @@ def summarize(events: Iterable[Event], info: RunInfo) -> dict[str, Any]:
     ev = _Events.split(events)
     t0, end = ev.time_range()
     makespan = end - t0
-    pipes = [_pipeline_summary(p, ev, info, makespan) for p in _pipeline_names(ev, info)]
+    latency = step_latencies(ev.steps, info.arrival_s, t0)
+    pipes = [_pipeline_summary(p, ev, info, makespan, latency) for p in _pipeline_names(ev, info)]
     ratios = [p["latency_vs_solo"] for p in pipes if p["latency_vs_solo"] is not None]
-    step_lat = [s.end_s - s.start_s for s in ev.steps]
+    step_lat = list(latency.values())
     return {
         "schema_version": SCHEMA_VERSION,
         "name": info.name,
@@ -375,13 +426,36 @@ def summarize(events: Iterable[Event], info: RunInfo) -> dict[str, Any]:
         "steps": len(ev.steps),
         **_pool_metrics(ev, info, makespan),
         "perf/time_per_step": float(np.mean(step_lat)) if step_lat else None,
-        "efficiency": (
-            _div(info.lower_bound_s, makespan) if info.lower_bound_s is not None else None
-        ),
+        **_bound_metrics(info, makespan),
         "mean_latency_vs_solo": float(np.mean(ratios)) if ratios else None,
         "failed_pipelines": [p["name"] for p in pipes if p["failed"] is not None],
         "pipelines": pipes,
         "run_info": info.to_dict(),
+    }
+
+
+NO_BOUND_NOTE = "no makespan bound: it needs the simulator's true requests (a real run)"
+
+
+def _bound_metrics(info: RunInfo, makespan: float) -> dict[str, Any]:
+    """``floor_s``, ``efficiency_floor``, ``bound_s``, ``efficiency``, ``bound_note`` and
+    ``bound_terms`` (module docstring)."""
+    floor, bound = info.lower_bound_s, info.bound_s
+    eff = _div(bound, makespan) if bound is not None else None
+    note = info.bound_note
+    if bound is None and note is None:
+        note = NO_BOUND_NOTE
+    elif eff is not None and eff > 1.0:
+        note = (f"makespan {makespan:.6g} s is below bound_s {bound:.6g} s: the run broke an "
+                "assumption of the bound (a pipeline's TP changed mid-rollout, or truth noise "
+                "made it lucky)") + (f"; {note}" if note else "")
+    return {
+        "floor_s": floor,
+        "efficiency_floor": _div(floor, makespan) if floor is not None else None,
+        "bound_s": bound,
+        "efficiency": eff,
+        "bound_note": note,
+        "bound_terms": dict(info.bound_terms) if info.bound_terms is not None else None,
     }
 
 
