@@ -158,17 +158,61 @@ def test_truth_noise_is_seeded() -> None:
     assert [a.reward_time_s(10) for _ in range(5)] == [b.reward_time_s(10) for _ in range(5)]
 
 
+def noise_free_makespan(exp, policy: str, seed: int) -> float:  # noqa: ANN001
+    """Makespan of ``policy`` on ``exp`` with a noise-free truth (so the bounds are strict)."""
+    cost = make_cost(exp)
+    ex = SimulatedExecutor(exp, truth_cost=cost, seed=seed)
+    return Driver(exp, get_policy(policy, POLICIES[policy]), ex, cost).run().makespan_s
+
+
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(pipes=st.lists(pipeline_st, min_size=1, max_size=3), seed=st.integers(0, 100),
        policy=st.sampled_from(sorted(POLICIES)))
 def test_no_policy_beats_the_lower_bound(pipes, seed, policy) -> None:  # noqa: ANN001
-    from jigsawrl.experiments.simulated import lower_bound
+    """makespan >= bound_s >= floor_s for every policy (noise-free truth)."""
+    from jigsawrl.experiments.simulated import bounds, lower_bound
 
     exp = resolve(make_cfg(pipes, 8, seed))
-    cost = make_cost(exp)  # noise-free truth, so the bound is strict
-    ex = SimulatedExecutor(exp, truth_cost=cost, seed=seed)
     try:
-        res = Driver(exp, get_policy(policy, POLICIES[policy]), ex, cost).run()
+        makespan = noise_free_makespan(exp, policy, seed)
     except ConfigError:
         reject()
-    assert res.makespan_s >= lower_bound(exp, seed) * (1 - 1e-9)
+    report = bounds(exp, seed)
+    assert report.floor_s == pytest.approx(lower_bound(exp, seed))
+    assert report.floor_s <= report.bound_s
+    assert makespan >= report.floor_s * (1 - 1e-9)
+    assert makespan >= report.bound_s * (1 - 1e-9)
+
+
+# Two tiny configs where the bound is above the floor (so the sweep tests more than the floor):
+# batching on few ranks (one pipeline, many long responses per rank; verl lands within 2% of
+# the bound), and a sync and an async multi-turn pipeline sharing four devices (every policy can
+# place it).
+BOUND_CONFIGS = {
+    "batched": ([{"model": "qwen3-0.6b", "task": "math", "batch_size": 24, "group_size": 4,
+                  "max_response_tokens": 1024, "steps": 2, "mode": "sync"}], 2),
+    "shared": ([{"model": "qwen3-0.6b", "task": "gsm8k", "batch_size": 48, "group_size": 4,
+                 "max_response_tokens": 1024, "steps": 2, "mode": "sync"},
+                {"model": "qwen3-0.6b", "task": "aime-tool", "batch_size": 24, "group_size": 4,
+                 "max_response_tokens": 1024, "steps": 2, "mode": "async"}], 4),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(BOUND_CONFIGS))
+def bound_case(request):  # noqa: ANN001, ANN201
+    from jigsawrl.experiments.simulated import bounds
+
+    pipes, devices = BOUND_CONFIGS[request.param]
+    exp = resolve(make_cfg(pipes, devices, 11))
+    return exp, bounds(exp, 11)
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_every_policy_is_above_the_bound_on_tiny_configs(bound_case, policy) -> None:  # noqa: ANN001
+    exp, report = bound_case
+    assert report.bound_s > report.floor_s * 1.01  # the case exercises more than the floor
+    try:
+        makespan = noise_free_makespan(exp, policy, 11)
+    except ConfigError:
+        pytest.skip(f"{policy} cannot place this config")
+    assert makespan >= report.bound_s * (1 - 1e-9)

@@ -2,14 +2,19 @@
 
 This is the library entry point behind ``jigsawrl simulate`` / ``compare``. It also computes the
 reference each pipeline is compared with — its mean step latency when it runs *alone* on the whole
-pool under ``verl`` (same seed) — and, for ``verl`` itself, runs both placements a verl user would
-choose between and keeps the better (DESIGN.md §6: never report a weakened baseline).
+pool under ``verl-split`` (same seed, and the very requests it saw in the run) — the makespan
+floor and bound of the run's true workload (:mod:`jigsawrl.graph.bound`,
+:mod:`jigsawrl.graph.makespan_bound`), and, for ``verl`` itself, runs every placement a verl user
+would choose between and keeps the best (DESIGN.md §6: never report a weakened baseline).
+
+The true requests are sampled once per :func:`simulate` (a :class:`TruthSampler` shared by the
+policy's variants and the bounds): every run of one call sees the same workload by construction.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from jigsawrl.config import ExperimentConfig
@@ -27,9 +32,11 @@ from jigsawrl.experiments.core import (
     throughput,
 )
 from jigsawrl.experiments.resolve import check_policy, resolve
-from jigsawrl.graph.bound import makespan_lower_bound
-from jigsawrl.metrics.summary import RunInfo
+from jigsawrl.graph.bound import floor_from_facts, pipeline_facts
+from jigsawrl.graph.makespan_bound import BoundReport, makespan_bound
+from jigsawrl.metrics.summary import RunInfo, step_latencies
 from jigsawrl.scheduler.base import Policy
+from jigsawrl.sim.dispatch import TruthSampler
 from jigsawrl.workload.experiment import Experiment
 
 log = logging.getLogger(__name__)
@@ -52,10 +59,17 @@ class SimRun:
 
 
 def run_once(exp: Experiment, policy: Policy, seed: int, *,
-             progress: Progress | None = None) -> DriverResult:
-    """Run ``policy`` on ``exp`` once on the simulated executor."""
+             progress: Progress | None = None,
+             sampler: TruthSampler | None = None) -> DriverResult:
+    """Run ``policy`` on ``exp`` once on the simulated executor.
+
+    ``sampler``: the true requests to run on (default: sampled afresh from ``seed``, which gives
+    the same requests: a sampler only saves sampling them twice).
+    """
     truth = make_cost(exp, noise_sigma=TRUTH_NOISE_SIGMA, seed=seed)
     executor = SimulatedExecutor(exp, truth_cost=truth, seed=seed)
+    if sampler is not None:
+        executor.step_requests = sampler.step_requests  # the executor's one source of truth
     return drive(exp, policy, executor, make_cost(exp), progress=progress)
 
 
@@ -82,11 +96,12 @@ def simulate(cfg: ExperimentConfig, *, policy: str | None = None, seed: int | No
                         "scheduler.name" if policy is None else "--policy")
     pol = make_policy(cfg, name)
     variants = list(pol.variants())
+    sampler = TruthSampler(seed)
     best: tuple[float, str, DriverResult] | None = None
     infeasible: list[str] = []
     for v in variants:
         try:
-            res = run_once(exp, v, seed, progress=progress)
+            res = run_once(exp, v, seed, progress=progress, sampler=sampler)
         except ConfigError as exc:
             if len(variants) == 1:
                 raise
@@ -101,7 +116,7 @@ def simulate(cfg: ExperimentConfig, *, policy: str | None = None, seed: int | No
         raise ConfigError("no placement of this policy is feasible:\n  " + "\n  ".join(infeasible))
     _, vname, res = best
     ref = solo if isinstance(solo, dict) else (solo_latencies(cfg, seed) if solo else None)
-    info = run_info(exp, name, seed=seed, solo=ref, bound=lower_bound(exp, seed))
+    info = with_bound(run_info(exp, name, seed=seed, solo=ref), bounds(exp, seed, sampler), exp)
     summary = summarize_run(res, info)
     if len(variants) > 1:
         summary["variant"] = vname
@@ -109,21 +124,48 @@ def simulate(cfg: ExperimentConfig, *, policy: str | None = None, seed: int | No
                   vname if len(variants) > 1 else None)
 
 
+def bounds(exp: Experiment, seed: int, sampler: TruthSampler | None = None) -> BoundReport:
+    """The floor and the realistic makespan bound of this experiment's true workload
+    (:mod:`jigsawrl.graph.makespan_bound`), with the noise-free cost model."""
+    sampler = sampler or TruthSampler(seed)
+    cost = make_cost(exp)
+    return makespan_bound(exp.pipelines, sampler.step_requests, cost, exp.num_devices)
+
+
 def lower_bound(exp: Experiment, seed: int) -> float:
-    """The makespan lower bound of this experiment's true workload (see graph/bound.py)."""
-    sampler = SimulatedExecutor(exp, truth_cost=make_cost(exp), seed=seed)
-    return makespan_lower_bound(exp.pipelines, sampler.step_requests, make_cost(exp),
-                                exp.num_devices)
+    """The makespan floor of this experiment's true workload (``floor_s``, graph/bound.py)."""
+    cost = make_cost(exp)
+    sampler = TruthSampler(seed)
+    facts = pipeline_facts(exp.pipelines, sampler.step_requests, cost, exp.num_devices)
+    return floor_from_facts(exp.pipelines, facts, cost, exp.num_devices)
+
+
+def with_bound(info: RunInfo, report: BoundReport, exp: Experiment) -> RunInfo:
+    """``info`` with the floor, the bound and its terms, and the pipelines' arrival times."""
+    return replace(info, lower_bound_s=report.floor_s, bound_s=report.bound_s,
+                   bound_terms=dict(report.terms),
+                   arrival_s={p.spec.name: p.spec.start_s for p in exp.pipelines})
+
+
+def solo_experiment(cfg: ExperimentConfig, index: int) -> Experiment:
+    """Pipeline ``index`` of ``cfg`` alone on the whole pool from time 0, resolved so that it
+    samples the very requests it saw in ``cfg``: the truth sampler seeds by the pipeline's
+    index (:mod:`jigsawrl.sim.dispatch`), so the alone pipeline keeps its index in ``cfg``."""
+    p = cfg.pipelines[index]
+    alone = cfg.model_copy(update={"pipelines": [p.model_copy(update={"num_devices": None,
+                                                                      "start_s": 0.0})]})
+    exp = resolve(alone)
+    return replace(exp, pipelines=(replace(exp.pipelines[0], index=index),))
 
 
 def solo_latencies(cfg: ExperimentConfig, seed: int) -> dict[str, float]:
-    """Each pipeline's mean step latency when it runs alone on the whole pool under verl."""
+    """Each pipeline's mean step latency (as the summary defines it) when it runs alone on the
+    whole pool under verl-split, on the same requests as in the run."""
     out: dict[str, float] = {}
-    for p in cfg.pipelines:
-        alone = cfg.model_copy(update={"pipelines": [p.model_copy(update={"num_devices": None,
-                                                                          "start_s": 0.0})]})
-        exp = resolve(alone)
-        res = run_once(exp, make_policy(alone, "verl-split", {}), seed)
-        lat = [e.end_s - e.start_s for e in res.events if isinstance(e, StepFinished)]
+    for i, p in enumerate(cfg.pipelines):
+        exp = solo_experiment(cfg, i)
+        res = run_once(exp, make_policy(exp.config, "verl-split", {}), seed)
+        steps = [e for e in res.events if isinstance(e, StepFinished)]
+        lat = list(step_latencies(steps, {p.name: 0.0}).values())
         out[p.name] = sum(lat) / len(lat) if lat else float("nan")
     return out
