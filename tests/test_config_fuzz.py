@@ -135,7 +135,8 @@ def test_schema_walk_covers_every_section_and_key() -> None:
             "pipelines.0.train.lr", "scheduler.name", "scheduler.params", "seed",
             "name"} <= paths
     assert set(SECTIONS) == {"", "cluster", "pipelines.0", "pipelines.0.rollout",
-                             "pipelines.0.train", "scheduler"}
+                             "pipelines.0.train", "pipelines.0.data",
+                             "pipelines.0.custom_reward_function", "scheduler"}
     assert len(CASES) == len(FIELDS) * len(BAD) + len(SECTIONS)
 
 

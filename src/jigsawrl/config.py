@@ -134,13 +134,63 @@ class TrainSpec(_Strict):
                                   description="steps between checkpoints; 0 = only at end")
 
 
+class DataSpec(_Strict):
+    """A real pipeline's own data, as verl holds it: JSON lines (``.jsonl``) or parquet files
+    of rows with ``prompt`` (a string or chat messages), ``reward_model.ground_truth``,
+    ``data_source`` and ``extra_info`` (read by ``tasks/dataset.py``; relative paths are read
+    from the current folder)."""
+
+    train_files: list[str] = Field(default_factory=list, max_length=1000,
+                                   description="training data files (.jsonl, .json or .parquet)")
+    val_files: list[str] = Field(default_factory=list, max_length=1000,
+                                 description="held-out data files for the greedy eval")
+    prompt_key: str = Field("prompt", min_length=1, description="the row field of the prompt")
+    response_key: str | None = Field(
+        None, min_length=1, description="dotted row field of a correct response for the warm "
+        "start, e.g. extra_info.answer (the default, used when rows have it)")
+    unknown_chars: Literal["unk", "error"] = Field(
+        "unk", description="characters the tokenizer cannot encode: unk (map to its unknown "
+                           "token, one warning) or error (refuse, naming file, line, character)")
+
+    @field_validator("train_files", "val_files")
+    @classmethod
+    def _paths(cls, value: list[str]) -> list[str]:
+        if any(not isinstance(v, str) or not v for v in value):
+            raise ValueError("each file must be a non-empty path")
+        return value
+
+    @model_validator(mode="after")
+    def _has_train(self) -> DataSpec:
+        if not self.train_files:
+            raise ValueError("train_files is empty: list at least one data file")
+        return self
+
+
+class RewardFunctionSpec(_Strict):
+    """verl's ``custom_reward_function``: a Python file and the name of its
+    ``compute_score(data_source, solution_str, ground_truth, extra_info)`` (imported only when a
+    real run starts; ``path: null`` means none, as in verl)."""
+
+    path: str | None = Field(None, min_length=1, description="the Python file of the reward")
+    name: str = Field("compute_score", min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+                      description="the function's name in that file")
+    reward_kwargs: dict[str, Any] = Field(default_factory=dict,
+                                          description="extra keyword arguments of every call")
+
+    @field_validator("reward_kwargs")
+    @classmethod
+    def _finite(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return _finite_tree(value)
+
+
 class PipelineSpec(_Strict):
     """One RL pipeline. Sizes are per training step (global batch = batch_size × group_size)."""
 
     name: str = Field(min_length=1, max_length=128, pattern=NAME_PATTERN,
                       description="unique pipeline name: letters, digits, _ . -")
     model: str = Field(min_length=1, description="model preset: jigsawrl list models")
-    task: str = Field(min_length=1, description="task preset: jigsawrl list tasks")
+    task: str | None = Field(None, min_length=1,
+                             description="task preset: jigsawrl list tasks (optional with data:)")
     algorithm: Literal["grpo", "ppo"] = Field("grpo", description="RL algorithm")
     batch_size: int = Field(64, ge=1, le=MAX_BATCH, description="prompts per step")
     group_size: int = Field(4, ge=1, le=MAX_GROUP, description="responses per prompt")
@@ -167,11 +217,17 @@ class PipelineSpec(_Strict):
     start_s: float = Field(0.0, ge=0, le=1e7, description="arrival time of the pipeline, s")
     rollout: RolloutSpec = Field(RolloutSpec(), description="real-run rollout settings")
     train: TrainSpec = Field(TrainSpec(), description="real-run trainer settings")
+    data: DataSpec | None = Field(None, description="real-run data files, verl's fields")
+    custom_reward_function: RewardFunctionSpec | None = Field(
+        None, description="real-run reward function from a file, verl's spelling")
 
     @model_validator(mode="after")
     def _check(self) -> PipelineSpec:
         if self.mode == "sync" and self.max_staleness != 0:
             raise ValueError("max_staleness must be 0 for mode: sync (use mode: async)")
+        if self.task is None and self.data is None:
+            raise ValueError("no task: name a task (jigsawrl list tasks) or give data: "
+                             "{train_files: [...]}")
         return self
 
 
