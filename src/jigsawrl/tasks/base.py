@@ -56,13 +56,20 @@ RESPONSE_END = "\n"
 
 @dataclass(frozen=True)
 class Example:
-    """One prompt with what is needed to score a response to it and a correct demo response."""
+    """One prompt with what is needed to score a response to it and a correct demo response.
+
+    ``ground_truth`` is a string for the built-in tasks and any JSON value from a data file
+    (``tasks/dataset.py``); ``demo`` is ``""`` when there is none. ``messages`` holds the chat
+    messages a data file's prompt was given as (None otherwise): ``prompt`` is then their plain
+    rendering, and the engine re-renders them with the tokenizer's chat template if it has one.
+    """
 
     prompt: str
-    ground_truth: str
+    ground_truth: Any
     data_source: str
     extra_info: dict
     demo: str
+    messages: tuple[dict[str, str], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -137,6 +144,9 @@ def get_task(name: str, **params: Any) -> Task:
     Raises:
         ConfigError: unknown task (names the known ones), unimportable module, or bad params.
     """
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"no task named (got {name!r})", where="task",
+                          fix=f"name one of: {', '.join(list_tasks())}")
     if ":" in name:
         module, _, name = name.partition(":")
         try:
@@ -214,6 +224,21 @@ def _reward_error(task: Task, reason: str) -> tuple[float, dict]:
     else:
         log.debug("reward of task %s -> 0.0: %s", name, reason)
     return 0.0, {"error": reason}
+
+
+def reward_error_kind(reason: str) -> str:
+    """A short, metric-key-safe kind of a :func:`safe_score` error reason: the exception's type
+    (``ZeroDivisionError``), ``not_a_number``, ``no_score`` (a dict without ``"score"``) or
+    ``not_finite`` (NaN, ±inf)."""
+    if reason.startswith("compute_score raised "):
+        return reason.removeprefix("compute_score raised ").split(":", 1)[0].strip() or "raised"
+    if "without 'score'" in reason:
+        return "no_score"
+    if reason.endswith("not a number"):
+        return "not_a_number"
+    if reason.startswith("compute_score returned "):
+        return "not_finite"
+    return "other"
 
 
 @functools.cache
