@@ -148,9 +148,59 @@ def load_local_model(path: str | Path) -> tuple[PreTrainedModel, PreTrainedToken
         raise InputError(f"weights do not match config.json: {sorted(map(str, bad))[:5]}",
                          where=str(path), fix="use the config.json the weights were saved with")
     tokenizer = load_tokenizer(path)
+    pad_with_eos(tokenizer)
     check_tokenizer_matches(model, tokenizer)
     model.eval()
     return model, tokenizer
+
+
+def pad_with_eos(tokenizer: PreTrainedTokenizerBase) -> None:
+    """A tokenizer without a pad token pads with its EOS (as TRL and verl do); padded
+    positions are masked out of every pass, so the choice does not change a result."""
+    if tokenizer.pad_token_id is None and tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+
+
+def inspect_local_model(path: str | Path) -> tuple[PreTrainedTokenizerBase, Any]:
+    """The tokenizer and config of a local HF folder, checked without loading the weights
+    (what a run checks before it builds anything).
+
+    Raises:
+        InputError: missing folder, config.json or weights file; no tokenizer; a tokenizer
+            with ids past config.json's ``vocab_size``.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise InputError("model directory not found", where=str(path),
+                         fix="pass a directory holding config.json, *.safetensors and a tokenizer")
+    _check_config_file(path / "config.json")
+    if not any(path.glob("*.safetensors")):
+        raise InputError("no *.safetensors weight file", where=str(path),
+                         fix="save the model with save_pretrained (safetensors is its default)")
+    config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    tokenizer = load_tokenizer(path)
+    pad_with_eos(tokenizer)
+    rows = getattr(config, "vocab_size", None)
+    if rows is None and hasattr(config, "get_text_config"):
+        rows = getattr(config.get_text_config(), "vocab_size", None)
+    if rows is not None:
+        check_vocab_rows(int(rows), tokenizer, where=str(path),
+                         what="config.json's vocab_size gives the embedding")
+    return tokenizer, config
+
+
+def folder_fingerprint(path: str | Path) -> str:
+    """A short key of a model folder's files (names, sizes, modification times): a cache entry
+    keyed by it is not reused after the folder's weights, config or tokenizer are re-saved."""
+    import hashlib
+
+    path = Path(path).resolve()
+    h = hashlib.sha256(str(path).encode())
+    for f in sorted(path.iterdir()):
+        if f.is_file():
+            st = f.stat()
+            h.update(f"{f.name}|{st.st_size}|{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:12]
 
 
 def _check_config_file(config_path: Path) -> None:
@@ -179,16 +229,20 @@ def check_tokenizer_matches(model: PreTrainedModel, tokenizer: PreTrainedTokeniz
 
     A tokenizer smaller than the embedding is fine (models often pad their vocabulary).
     """
-    rows = model.get_input_embeddings().weight.shape[0]
+    check_vocab_rows(model.get_input_embeddings().weight.shape[0], tokenizer)
+
+
+def check_vocab_rows(rows: int, tokenizer: PreTrainedTokenizerBase, where: str = "tokenizer",
+                     what: str = "the model's embedding has") -> None:
+    """Raise InputError when ``tokenizer`` has ids at or past ``rows`` embedding rows."""
     ids = [len(tokenizer) - 1] + [
         i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.bos_token_id)
         if i is not None
     ]
     if max(ids) >= rows:
         raise InputError(
-            f"tokenizer has {len(tokenizer)} tokens (max id {max(ids)}) but the model's "
-            f"embedding has {rows} rows",
-            where="tokenizer",
+            f"tokenizer has {len(tokenizer)} tokens (max id {max(ids)}) but {what} {rows} rows",
+            where=where,
             fix="load the tokenizer saved with this model, or build the model with a larger vocab",
         )
 

@@ -18,6 +18,14 @@ Determinism: the prompts of step ``s`` and every request's sampling seed derive 
 ``(seed, s)`` only, so a resumed run (model + optimizer restored) repeats the steps it would
 have taken (tested). Simplification: the reference model is built only when ``kl_coef > 0``
 (verl's GRPO recipes run with the KL off; computing log-probs nobody reads would only cost time).
+
+The user's own RL: the task comes from :func:`jigsawrl.tasks.build_task` (a registered task, the
+user's data files, a reward function from a file); a data task's chat prompts are rendered for
+the model's tokenizer and checked against it before the model is built
+(:mod:`jigsawrl.engine.prompts`, :func:`check_pipeline`); its training pool is every row of
+``data.train_files`` and its eval set the first ``train.eval_size`` rows of ``data.val_files``
+(none: no eval, NaN); without demonstrations (no response field) the warm start is skipped
+with a note in ``warm_info``.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import copy
 import logging
 import os
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -42,6 +51,7 @@ from jigsawrl.engine.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from jigsawrl.engine.prompts import check_data, render_examples
 from jigsawrl.engine.trainer import (
     GRPOConfig,
     GRPOTrainer,
@@ -83,6 +93,49 @@ def build_model_and_tokenizer(model: str, seed: int,
                       fix=f"use a preset ({', '.join(ENGINE_MODELS)}) or a local model folder")
 
 
+def is_own_model(model: str) -> bool:
+    """Whether ``model`` names a local folder (a user's model) rather than an engine preset."""
+    from jigsawrl.engine.models import ENGINE_MODELS
+
+    return model not in ENGINE_MODELS
+
+
+def check_pipeline(spec: PipelineSpec, where: str | None = None) -> Any:
+    """Build ``spec``'s task and check its data against the model's tokenizer and config,
+    without building the model (what a run does for every pipeline before it starts one).
+
+    Returns:
+        The task (hand it to :class:`RealPipeline` to skip building it again).
+
+    Raises:
+        ConfigError: a bad task, model name, reward file, or a chat prompt for an own model
+            without a chat template.
+        InputError: a missing or bad data file (file, line, field), a model folder that is
+            broken or whose tokenizer does not fit its vocab_size, a prompt that does not fit.
+    """
+    from jigsawrl.engine.models import ENGINE_MODELS, inspect_local_model
+    from jigsawrl.engine.tokenizer import build_char_tokenizer
+    from jigsawrl.errors import ConfigError
+    from jigsawrl.tasks import build_task
+
+    where = where or f"pipelines[{spec.name}]"
+    if spec.model in ENGINE_MODELS:
+        tokenizer = build_char_tokenizer()
+        positions = ENGINE_MODELS[spec.model].max_position_embeddings
+    elif Path(spec.model).is_dir():
+        tokenizer, config = inspect_local_model(spec.model)
+        positions = int(getattr(config, "max_position_embeddings", 0) or 2048)
+    else:
+        raise ConfigError(f"unknown engine model {spec.model!r}", where=f"{where}.model",
+                          fix=f"use a preset ({', '.join(ENGINE_MODELS)}) or a local model "
+                              "folder (config.json, *.safetensors, tokenizer files)")
+    task = build_task(spec, where)
+    check_data(task, tokenizer, own_model=is_own_model(spec.model), max_positions=positions,
+               max_batch_tokens=spec.rollout.max_batch_tokens,
+               unknown_chars=spec.data.unknown_chars if spec.data else "unk", where=where)
+    return task
+
+
 class RealPipeline:
     """A GRPO pipeline on the local CPU (see module docstring).
 
@@ -92,14 +145,17 @@ class RealPipeline:
         cache_dir: warm-start cache folder (None: the default).
         reward_fn: optional ``fn(solution_str, example) -> float`` replacing the task's reward
             (a reward that raises or returns a non-number gives 0 with the reason logged).
+        task: the pipeline's task already built and checked by :func:`check_pipeline`
+            (None: :meth:`start` builds and checks it).
     """
 
     def __init__(self, spec: PipelineSpec, seed: int = 0, *, cache_dir: Path | None = None,
-                 reward_fn: Any = None) -> None:
+                 reward_fn: Any = None, task: Any = None) -> None:
         self.spec = spec
         self.seed = seed
         self.cache_dir = cache_dir
         self.reward_fn = reward_fn
+        self.checked_task = task
         self.started = False
         self.warm_info: dict[str, Any] = {}
 
@@ -115,23 +171,23 @@ class RealPipeline:
         :meth:`import_train_state` can add the trainer later.
         """
         from jigsawrl.engine.rollout import RolloutEngine
-        from jigsawrl.tasks import get_task
 
         spec, tr = self.spec, self.spec.train
         torch.set_num_threads(tr.threads or os.cpu_count() or 1)
         torch.manual_seed(self.seed)
-        self.task = get_task(spec.task, **spec.rollout.task_params)
+        self.task = self.checked_task
+        if self.task is None:
+            self.task = check_pipeline(spec)
         self.model, self.tokenizer = build_model_and_tokenizer(
             spec.model, self.seed, where=f"pipeline {spec.name!r}: model")
-        self.pool = self.task.make_dataset(POOL_SIZE, self.seed, "train")
-        self.eval_set = self.task.make_dataset(tr.eval_size, self.seed, "test")
+        size = getattr(self.task, "size", None)
+        pool_size = size("train") if callable(size) else POOL_SIZE
+        self.pool = render_examples(self.tokenizer,
+                                    self.task.make_dataset(pool_size, self.seed, "train"))
+        self.eval_set = render_examples(self.tokenizer,
+                                        self.task.make_dataset(tr.eval_size, self.seed, "test"))
         if train:
-            ws = WarmStartSpec(model_key=spec.model,
-                               task_key=f"{spec.task}{spec.rollout.task_params}",
-                               seed=self.seed, steps=tr.warmup_steps, lr=tr.warmup_lr,
-                               batch_size=tr.warmup_batch_size)
-            self.warm_info = warm_start(self.model, self.tokenizer, self.pool, ws,
-                                        self.cache_dir, task=self.task)
+            self.warm_info = self._warm_start()
             self._make_trainer(self.model)
         else:
             self.trainer = None
@@ -142,6 +198,29 @@ class RealPipeline:
             self.model = None  # the rollout-only copy keeps no actor
         self.max_new_tokens = min(spec.max_response_tokens, int(self.task.max_response_chars))
         self.started = True
+
+    def _warm_start(self) -> dict[str, Any]:
+        """The supervised warm start on the pool's demonstrations (skipped, with the reason in
+        the returned info, when the data has none)."""
+        spec, tr = self.spec, self.spec.train
+        if tr.warmup_steps and not any(getattr(ex, "demo", "") for ex in self.pool):
+            reason = ("no demonstrations: the data has no response field (data.response_key, "
+                      "default extra_info.answer), so the warm start is skipped and RL starts "
+                      "from the model as it is")
+            log.warning("pipeline %s: %s", spec.name, reason)
+            return {"cached": False, "duration_s": 0.0, "path": "", "skipped": reason}
+        model_key = spec.model
+        if is_own_model(spec.model):
+            from jigsawrl.engine.models import folder_fingerprint
+
+            model_key = f"{Path(spec.model).resolve()}@{folder_fingerprint(spec.model)}"
+        task_key = getattr(self.task, "cache_key", None) or \
+            f"{spec.task}{spec.rollout.task_params}"
+        ws = WarmStartSpec(model_key=model_key, task_key=task_key, seed=self.seed,
+                           steps=tr.warmup_steps, lr=tr.warmup_lr,
+                           batch_size=tr.warmup_batch_size)
+        return warm_start(self.model, self.tokenizer, self.pool, ws, self.cache_dir,
+                          task=self.task)
 
     def _make_trainer(self, model: torch.nn.Module) -> None:
         tr = self.spec.train
@@ -203,7 +282,8 @@ class RealPipeline:
     def _params(self, temperature: float, top_p: float, seed: int | None) -> Any:
         from jigsawrl.engine.rollout import SamplingParams
 
-        stop = tuple(dict.fromkeys((*self.task.stop, RESPONSE_END)))
+        end = getattr(self.task, "response_end", RESPONSE_END)  # None: EOS or length only
+        stop = tuple(dict.fromkeys((*self.task.stop, *((end,) if end else ()))))
         return SamplingParams(max_new_tokens=self.max_new_tokens, temperature=temperature,
                               top_p=top_p, stop=stop, seed=seed)
 
@@ -351,7 +431,11 @@ def rollout_metrics(data: StepData, step_s: float) -> dict[str, float]:
     resp = np.array([len(t.response_ids) for t in trajs], dtype=float)
     prompt = np.array([len(t.prompt_ids) for t in trajs], dtype=float)
     tokens = float(resp.sum() + prompt.sum())
-    errors = sum(1 for info in data.reward_infos if "error" in info)
+    from jigsawrl.tasks import reward_error_kind
+
+    kinds = Counter(reward_error_kind(str(info["error"])) for info in data.reward_infos
+                    if "error" in info)
+    errors = sum(kinds.values())
     return {
         "critic/score/mean": float(rewards.mean()), "critic/score/max": float(rewards.max()),
         "critic/score/min": float(rewards.min()),
@@ -361,6 +445,7 @@ def rollout_metrics(data: StepData, step_s: float) -> dict[str, float]:
         "env/tool_calls_per_sample": float(np.mean([t.num_tool_calls for t in trajs])),
         "env/tool_wait_s": float(sum(t.tool_wait_s for t in trajs)),
         "reward/errors": float(errors),
+        **{f"reward/errors/{kind}": float(n) for kind, n in sorted(kinds.items())},
         "perf/total_num_tokens": tokens,
         "perf/throughput": tokens / step_s if step_s > 0 else 0.0,
         "perf/samples_per_s": len(trajs) / step_s if step_s > 0 else 0.0,

@@ -18,8 +18,16 @@ RESPONSE_END = "\n"  # the tasks' end-of-response marker (tasks/base.py)
 
 
 def encode_prompt(tokenizer: Any, text: str) -> list[int]:
-    """Prompt ids: ``<bos>`` then the text's tokens (no other special tokens)."""
-    return [tokenizer.bos_token_id, *tokenizer.encode(text, add_special_tokens=False)]
+    """Prompt ids: ``<bos>`` then the text's tokens (no other special tokens).
+
+    A tokenizer without a BOS token (Qwen's) gives the text's tokens only, and a text that
+    already starts with the BOS token (a chat template that writes it) does not get a second.
+    """
+    ids = list(tokenizer.encode(text, add_special_tokens=False))
+    bos = tokenizer.bos_token_id
+    if bos is None or (ids and ids[0] == bos):
+        return ids
+    return [bos, *ids]
 
 
 def encode_text(tokenizer: Any, text: str) -> list[int]:
