@@ -162,7 +162,7 @@ def _resolve_pipeline(cfg: ExperimentConfig, i: int, p: PipelineSpec, accel: Acc
                       cost) -> ResolvedPipeline:  # noqa: ANN001
     where = f"pipelines.{i}"
     model = _lookup(MODELS, p.model, f"{where}.model", "model")
-    task = _lookup(TASKS, p.task, f"{where}.task", "task")
+    task = _sim_task(where, p)
     per_node = cfg.cluster.accelerators_per_node
     for key in ("rollout_tp", "train_tp"):
         tp = getattr(p, key)
@@ -180,6 +180,28 @@ def _resolve_pipeline(cfg: ExperimentConfig, i: int, p: PipelineSpec, accel: Acc
                              max_response_tokens=p.max_response_tokens,
                              drift_per_step=p.length_drift_per_step, trace=trace)
     return ResolvedPipeline(i, p, model, task, sampler)
+
+
+def _sim_task(where: str, p: PipelineSpec) -> TaskSpec:
+    """The length distribution a simulated pipeline samples: its task preset; for a pipeline
+    that reads data files (``data:``) and names no preset, a stub replayed from its
+    ``length_trace`` (the simulator does not read the data).
+
+    Raises:
+        ConfigError: an unknown task preset, or a data pipeline with neither preset nor trace.
+    """
+    if p.data is not None and (p.task is None or p.task not in TASKS):
+        if p.length_trace:
+            return stub_task(p)
+        raise ConfigError(
+            "this pipeline reads its prompts from data files, and the simulator samples lengths, "
+            "not data: it needs a task preset or a length_trace for them", where=f"{where}.data",
+            fix=f"set {where}.task to a preset whose lengths are alike ({', '.join(sorted(TASKS))}"
+                f"; `jigsawrl list tasks`), or {where}.length_trace to a file of "
+                "'prompt_tokens,response_tokens' lines (e.g. measured by a real run)")
+    if p.task is None:  # the config refuses a pipeline with neither task nor data
+        raise ConfigError("no task", where=f"{where}.task", fix="name a task preset")
+    return _lookup(TASKS, p.task, f"{where}.task", "task")
 
 
 def _num_devices(cfg: ExperimentConfig, i: int, p: PipelineSpec) -> int:
@@ -212,7 +234,7 @@ def _check_memory(where: str, p: PipelineSpec, model: ModelSpec, accel: Accelera
 # ---------------------------------------------------------------- real runs (Ray, CPU presets)
 def stub_task(p: PipelineSpec) -> TaskSpec:
     """A neutral TaskSpec for a real task (never sampled; see the module docstring)."""
-    return TaskSpec(name=p.task, prompt_mean=32, prompt_std=0, response_median=max(
+    return TaskSpec(name=p.task or p.name, prompt_mean=32, prompt_std=0, response_median=max(
         1, p.max_response_tokens // 4), response_sigma=0.0, prompt_difficulty_sigma=0.0,
         description="stub of a real task: lengths are observed from the engine")
 
@@ -222,11 +244,13 @@ def resolve_real(cfg: ExperimentConfig) -> Experiment:
 
     Raises:
         ConfigError: an accelerator that is not a CPU preset, an unknown engine model, task or
-            scheduler, bad task params, tensor parallelism (the CPU engine has none), more
-            devices than the cluster has, an unreadable ``length_trace``, or a workload over the
-            request budget.
+            scheduler, bad task params, a reward file that is missing, cannot be imported or
+            lacks its function (``custom_reward_function``), tensor parallelism (the CPU engine
+            has none), more devices than the cluster has, an unreadable ``length_trace``, or a
+            workload over the request budget.
+        InputError: a data file that is missing or holds a bad row (file, line, field).
     """
-    from jigsawrl.tasks import get_task, list_tasks
+    from jigsawrl.tasks import build_task, list_tasks
 
     if cfg.cluster.accelerator not in REAL_ACCELERATORS:
         close = difflib.get_close_matches(cfg.cluster.accelerator, list(REAL_ACCELERATORS), n=1)
@@ -240,13 +264,18 @@ def resolve_real(cfg: ExperimentConfig) -> Experiment:
     pipes = []
     for i, p in enumerate(cfg.pipelines):
         where = f"pipelines.{i}"
-        _lookup(list_tasks(), p.task, f"{where}.task", "real task", "jigsawrl list tasks")
+        if p.task is not None:
+            _lookup(list_tasks(), p.task, f"{where}.task", "real task", "jigsawrl list tasks")
         _lookup(ENGINE_MODELS, p.model, f"{where}.model", "engine model preset",
                 "jigsawrl list models")
-        try:  # bad task parameters fail here, not in a worker after Ray has started
-            get_task(p.task, **p.rollout.task_params)
+        try:  # bad task params, data files or reward files fail here, not in a Ray worker
+            build_task(p, where)
         except ConfigError as exc:
-            raise ConfigError(str(exc), where=f"{where}.rollout.task_params") from None
+            if exc.where != f"{where}.task":
+                raise
+            message = str(exc).split("\n  fix: ")[0].removeprefix(f"{exc.where}: ")
+            raise ConfigError(message, where=f"{where}.rollout.task_params",
+                              fix=exc.fix) from None
         if p.rollout_tp != 1 or p.train_tp != 1:
             raise ConfigError("the CPU engine has no tensor parallelism", where=where,
                               fix="set rollout_tp: 1 and train_tp: 1")

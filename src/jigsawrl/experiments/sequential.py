@@ -1,8 +1,12 @@
 """``run_experiment``: run each pipeline of a config for real on the local CPU, one at a time.
 
-What: for every pipeline, build a :class:`~jigsawrl.engine.pipeline.RealPipeline` (model preset
-or local HF folder, task, warm start), evaluate it greedily on held-out prompts, run its GRPO
-steps, evaluate again. With ``out_dir`` it writes
+What: first every pipeline is checked — its task built (a registered task, the user's data files,
+a reward function from a file: :func:`jigsawrl.tasks.build_task`) and its data checked against
+its model's tokenizer (:func:`~jigsawrl.engine.pipeline.check_pipeline`) — so that a missing
+file, a bad row or a broken reward file fails before any model is built. Then, for every
+pipeline, build a :class:`~jigsawrl.engine.pipeline.RealPipeline` (model preset or local HF
+folder, task, warm start), evaluate it greedily on held-out prompts, run its GRPO steps,
+evaluate again. With ``out_dir`` it writes
 
 - ``tb/<pipeline>/``: TensorBoard scalars under verl's names (``critic/score/mean``,
   ``actor/pg_loss``, ``timing_s/gen``, ``perf/throughput``, ...);
@@ -27,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from jigsawrl.config import ExperimentConfig, PipelineSpec, dump_config
-from jigsawrl.engine.pipeline import RealPipeline
+from jigsawrl.engine.pipeline import RealPipeline, check_pipeline
 from jigsawrl.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -49,19 +53,22 @@ def run_experiment(cfg: ExperimentConfig, out_dir: Path | None, *, resume: bool 
         cache_dir: warm-start cache (None: ``$JIGSAWRL_CACHE`` or ``~/.cache/jigsawrl``).
 
     Raises:
-        ConfigError: unknown model preset or task, bad task params.
-        InputError: ``resume`` without ``out_dir``, or an unreadable checkpoint.
+        ConfigError: unknown model preset or task, bad task params, a broken reward file
+            (before any pipeline runs).
+        InputError: ``resume`` without ``out_dir``, an unreadable checkpoint, a missing or bad
+            data file, a model folder that does not fit its tokenizer (before any pipeline runs).
     """
     if resume and out_dir is None:
         raise InputError("--resume needs the run folder", where="--out",
                          fix="pass --out DIR of the run to resume")
+    tasks = [check_pipeline(spec, f"pipelines.{i}") for i, spec in enumerate(cfg.pipelines)]
     t0 = time.perf_counter()
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "config.yaml").write_text(dump_config(cfg))
     results = []
-    for spec in cfg.pipelines:
-        results.append(_run_pipeline(spec, cfg.seed, out_dir, resume, on_step, cache_dir))
+    for spec, task in zip(cfg.pipelines, tasks, strict=True):
+        results.append(_run_pipeline(spec, task, cfg.seed, out_dir, resume, on_step, cache_dir))
     total_tokens = sum(r["total_tokens"] for r in results)
     total_step_s = sum(r["total_step_s"] for r in results)
     summary = {
@@ -81,12 +88,12 @@ def _emit(on_step: StepCallback | None, **event: Any) -> None:
         on_step(event)
 
 
-def _run_pipeline(spec: PipelineSpec, seed: int, out_dir: Path | None, resume: bool,
+def _run_pipeline(spec: PipelineSpec, task: Any, seed: int, out_dir: Path | None, resume: bool,
                   on_step: StepCallback | None, cache_dir: Path | None) -> dict[str, Any]:
     """Warm start, eval, steps (with checkpoints and TensorBoard), eval; the pipeline summary."""
     _emit(on_step, event="phase", pipeline=spec.name, step=0, steps=spec.steps,
           phase="warm start", metrics={})
-    pipe = RealPipeline(spec, seed, cache_dir=cache_dir)
+    pipe = RealPipeline(spec, seed, cache_dir=cache_dir, task=task)
     pipe.start()
     ckpt_root = out_dir / "checkpoints" / spec.name if out_dir is not None else None
     meta = pipe.restore(ckpt_root) if resume and ckpt_root is not None else None
@@ -129,7 +136,8 @@ def pipeline_summary(spec: PipelineSpec, history: list[dict[str, float]], eval_b
     step_s = [h["timing_s/step"] for h in history]
     tokens = [h["perf/total_num_tokens"] for h in history]
     out: dict[str, Any] = {
-        "name": spec.name, "model": spec.model, "task": spec.task, "steps": len(history),
+        "name": spec.name, "model": spec.model, "task": spec.task or pipe.task.name,
+        "steps": len(history),
         "batch_size": spec.batch_size, "group_size": spec.group_size,
         "mean_step_latency_s": sum(step_s) / len(step_s) if step_s else 0.0,
         "tokens_per_s": sum(tokens) / sum(step_s) if step_s else 0.0,
@@ -144,7 +152,28 @@ def pipeline_summary(spec: PipelineSpec, history: list[dict[str, float]], eval_b
     }
     if pipe.task.multi_turn:
         out["tool_calls_per_sample_per_step"] = [h["env/tool_calls_per_sample"] for h in history]
+    if spec.data is not None:
+        out["data"] = {"train_files": list(spec.data.train_files),
+                       "val_files": list(spec.data.val_files),
+                       "train_rows": len(pipe.pool), "val_rows": len(pipe.eval_set)}
+    if spec.custom_reward_function is not None and spec.custom_reward_function.path:
+        out["reward_function"] = (f"{spec.custom_reward_function.path}:"
+                                  f"{spec.custom_reward_function.name}")
+    out["reward_errors"] = reward_errors(history)
     return out
+
+
+def reward_errors(history: list[dict[str, float]]) -> dict[str, Any]:
+    """Samples whose reward failed (scored 0), in all and by reason (``reward/errors/<kind>``:
+    the exception's type, ``not_a_number``, ``no_score``, ``not_finite``)."""
+    by: dict[str, float] = {}
+    for h in history:
+        for key, value in h.items():
+            if key.startswith("reward/errors/"):
+                kind = key.removeprefix("reward/errors/")
+                by[kind] = by.get(kind, 0.0) + value
+    return {"total": int(sum(h.get("reward/errors", 0.0) for h in history)),
+            "by_reason": {k: int(v) for k, v in sorted(by.items())}}
 
 
 def _tb_writer(out_dir: Path | None, name: str) -> Any:
