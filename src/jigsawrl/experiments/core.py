@@ -50,7 +50,8 @@ def run_info(exp: Experiment, policy: str, *, executor: str = "simulated",
              solo: dict[str, float] | None = None, bound: float | None = None,
              accelerator: str | None = None, peak_flops: float | None = None) -> RunInfo:
     """What a summary says about the run that produced it (``accelerator`` and ``peak_flops``
-    default to the experiment's; a prediction names its truth model's)."""
+    default to the experiment's; a prediction names its truth model's). Each pipeline's arrival
+    (``start_s``) is where its first step's latency starts, for every kind of run."""
     cfg = exp.config
     return RunInfo(name=name or cfg.name or "run", policy=policy,
                    seed=cfg.seed if seed is None else seed, num_devices=exp.num_devices,
@@ -58,7 +59,8 @@ def run_info(exp: Experiment, policy: str, *, executor: str = "simulated",
                    peak_flops_per_device=peak_flops or exp.accelerator.peak_flops,
                    price_per_device_hour_usd=exp.price_per_hour,
                    pipelines=tuple(p.spec.name for p in exp.pipelines),
-                   solo_step_latency_s=solo, lower_bound_s=bound, executor=executor)
+                   solo_step_latency_s=solo, lower_bound_s=bound, executor=executor,
+                   arrival_s={p.spec.name: p.spec.start_s for p in exp.pipelines})
 
 
 def summarize_run(result: DriverResult, info: RunInfo) -> dict[str, Any]:
