@@ -187,6 +187,9 @@ def _mean_summary(summaries: list[dict[str, Any]]) -> dict[str, Any]:
             out[key] = statistics.fmean(vals)
             out[f"{key}_std"] = statistics.pstdev(vals) if len(vals) > 1 else 0.0
     out["seeds"] = len(summaries)
+    won = sorted({s["variant"] for s in summaries if s.get("variant")})
+    if won:  # the placement that won (verl: split, serial, sized, a queue), per seed if they differ
+        out["variant"] = "/".join(won)
     return out
 
 

@@ -105,8 +105,10 @@ def simulate(cfg: ExperimentConfig, *, policy: str | None = None, seed: int | No
         except ConfigError as exc:
             if len(variants) == 1:
                 raise
-            log.warning("%s is infeasible here: %s", v.name, exc)
-            infeasible.append(str(exc))
+            # one placement of several that cannot place this workload (a queue wider than the
+            # jobs, a split too thin to hold a train state): the others compete, as a user's would
+            log.info("%s is infeasible here: %s", v.name, exc)
+            infeasible.append(f"{v.name}: {exc}")
             continue
         tput = throughput(res)
         log.info("%s: %.1f tokens/s", v.name, tput)

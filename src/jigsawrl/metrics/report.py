@@ -149,7 +149,8 @@ def compare_table(summaries: dict[str, dict[str, Any]], baseline: str | None = N
         skipped: label -> why it could not run; each is a dim row marked "skipped", with its
             reason (first line) in the caption.
 
-    Columns: finished tokens/s, ratio to the baseline's tokens/s, mean latency vs solo, MFU,
+    A policy that ran several placements and kept the best (``verl``) is labelled with the
+    winner's name. Columns: finished tokens/s, ratio to the baseline's tokens/s, mean latency vs solo, MFU,
     busy fraction, $ per million finished tokens, makespan (s). The best throughput is bold.
 
     Raises:
@@ -178,7 +179,7 @@ def compare_table(summaries: dict[str, dict[str, Any]], baseline: str | None = N
     best = max(tps) if tps else None
     for (label, s), tp in zip(summaries.items(), tps, strict=True):
         table.add_row(
-            label,
+            f"{label} ({s['variant']})" if s.get("variant") else label,
             _fmt(s.get("throughput_tokens_per_s"), ",.0f"),
             _fmt(_ratio(s.get("throughput_tokens_per_s"), base_tp), ".2f", "×"),
             _fmt(s.get("mean_latency_vs_solo"), ".2f", "×"),
