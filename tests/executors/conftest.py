@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +12,11 @@ import pytest
 def shared_ray() -> Any:
     """A local Ray with four ``jigsaw_device`` resources, started once for the module."""
     ray = pytest.importorskip("ray")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # local run: no auth token file
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING",
-             resources={"jigsaw_device": 4})
+    from jigsawrl.executors.raycluster.placement import start_local
+
+    if ray.is_initialized():
+        ray.shutdown()
+    start_local(2, {"jigsaw_device": 4})  # loopback-only, token auth on: as a local run
     yield
     ray.shutdown()
 

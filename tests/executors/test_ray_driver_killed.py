@@ -52,8 +52,7 @@ def kill_tree(pid: int) -> None:
 
 def test_killed_driver_resumes_every_pipeline(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    env = {**os.environ, "JIGSAWRL_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1",
-           "RAY_AUTH_MODE": "disabled"}
+    env = {**os.environ, "JIGSAWRL_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
     sets = [a for s in SETS for a in ("--set", s)]
     args = jigsawrl_cmd("run", "configs/real/multi.yaml", "--ray", "--out", str(out), *sets)
     first = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL,

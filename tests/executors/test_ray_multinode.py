@@ -7,7 +7,6 @@ group cannot fit both bundles on one) and still finish a real pipeline on both.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +19,15 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 from jigsawrl.config import load_config  # noqa: E402
 from jigsawrl.events import SampleFinished, StepFinished  # noqa: E402
+from jigsawrl.executors.raycluster.placement import enable_token_auth  # noqa: E402
 from jigsawrl.experiments.real import run_real  # noqa: E402
 
 
 @pytest.fixture
 def two_nodes() -> Any:
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if ray.is_initialized():
         ray.shutdown()
+    enable_token_auth()
     cluster = Cluster(initialize_head=True, connect=True,
                       head_node_args={"num_cpus": 1, "resources": {"jigsaw_device": 1}})
     cluster.add_node(num_cpus=1, resources={"jigsaw_device": 1})

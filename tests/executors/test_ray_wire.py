@@ -3,7 +3,6 @@ same through Ray's object store between a driver and an actor that both register
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import pytest
@@ -11,6 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 ray = pytest.importorskip("ray")
 
+from jigsawrl.executors.raycluster.placement import start_local  # noqa: E402
 from jigsawrl.executors.raycluster.wire import (  # noqa: E402
     tensor_from_wire,
     tensor_to_wire,
@@ -68,10 +68,9 @@ class _Echo:
 
 @pytest.fixture(scope="module")
 def local_ray() -> Any:
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=1, include_dashboard=False, logging_level="WARNING")
+        start_local(1)
     use_numpy_wire()
     yield
     if started:

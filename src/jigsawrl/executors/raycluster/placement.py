@@ -12,17 +12,27 @@ from being packed onto a node that cannot hold them. A cluster node offers devic
 (a bundle then reserves ``{"GPU": 1}``). ``ray.cluster_utils.Cluster`` nodes take the same
 ``resources=`` argument (the multi-node test does so).
 
+Who may connect: a local Ray is started by :func:`start_local` bound to the loopback address
+(every Ray process and worker listens on 127.0.0.1 only) with Ray's token authentication on
+(a per-process random token in ``RAY_AUTH_TOKEN`` unless one is configured), so nobody else on
+the network can reach it, and nobody on this machine without the token can call it.
+
 Simplification: the bundles use the ``PACK`` strategy; the physical node of each device is
 reported (``node_of``) rather than forced to match ``cluster.accelerators_per_node``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import secrets
+from collections.abc import Iterator
 from typing import Any
 
 import ray
+import ray._private.ray_constants as ray_constants
+from ray._raylet import AuthenticationTokenLoader, Config
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -44,10 +54,8 @@ def connect(address: str | None, num_devices: int, num_cpus: int | None = None) 
     use_numpy_wire()  # before any tensor is put: see wire.py
     if ray.is_initialized():
         return False
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # local runs: no token file
     if address is None:
-        ray.init(num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False,
-                 resources={DEVICE_RESOURCE: num_devices}, logging_level=logging.WARNING)
+        start_local(num_cpus or os.cpu_count() or 1, {DEVICE_RESOURCE: num_devices})
     else:
         check_reachable(address)
         try:
@@ -59,6 +67,58 @@ def connect(address: str | None, num_devices: int, num_cpus: int | None = None) 
                                   ": 2}'`), pass its address, or drop --address for a local "
                                   "Ray") from None
     return True
+
+
+def enable_token_auth() -> None:
+    """Ray's token authentication on, for this process and every Ray process it starts.
+
+    Sets ``RAY_AUTH_MODE=token`` and, unless a token is configured (``RAY_AUTH_TOKEN``,
+    ``RAY_AUTH_TOKEN_PATH``), a random per-process ``RAY_AUTH_TOKEN`` that the GCS, the raylet
+    and the workers inherit (nothing written to ``~/.ray``). Ray caches its config and token at
+    import, so both are reloaded here, as Ray itself does when it turns token mode on. Call it
+    only while this process is not connected to a Ray.
+    """
+    os.environ["RAY_AUTH_MODE"] = "token"
+    if not (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")):
+        os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
+@contextlib.contextmanager
+def loopback_node() -> Iterator[None]:
+    """A Ray node started inside binds every server to 127.0.0.1.
+
+    Ray 2.60 has no option for it: ``ray.init(_node_ip_address="127.0.0.1")`` is turned into the
+    node's routable address (``services.resolve_ip_for_localhost``) and the GCS, the raylet and
+    every core worker then listen on all interfaces (``[::]``). Its node address is the loopback
+    one only where multi-node clusters are off (``ray_constants.ENABLE_RAY_CLUSTER``, the
+    switch Ray uses on macOS and Windows); a node then advertises 127.0.0.1, and its servers,
+    the runtime-env agent and the workers it starts bind to it. The switch is read only while
+    the node starts (afterwards the started node's address is used), so it is turned back
+    at once: a later ``--address`` run in this process joins a cluster as usual.
+    ``tests/executors/test_ray_security.py`` checks every listening socket.
+    """
+    before = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = before
+
+
+def start_local(num_cpus: int, resources: dict[str, float] | None = None,
+                **init_kwargs: Any) -> None:
+    """Start a local, single-node Ray reachable only from this machine, with the token.
+
+    Loopback-only (:func:`loopback_node`), token authentication on (:func:`enable_token_auth`),
+    no dashboard. ``init_kwargs`` go to ``ray.init``.
+    """
+    enable_token_auth()
+    init_kwargs.setdefault("logging_level", logging.WARNING)
+    with loopback_node():
+        ray.init(num_cpus=num_cpus, resources=resources, include_dashboard=False,
+                 dashboard_host="127.0.0.1", **init_kwargs)
 
 
 def check_reachable(address: str) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 import ray
 
 from jigsawrl.costmodel.fit import median_time_s
+from jigsawrl.executors.raycluster.placement import start_local
 from jigsawrl.executors.raycluster.wire import use_numpy_wire
 
 log = logging.getLogger(__name__)
@@ -64,9 +65,7 @@ def measure_transport(tensors: dict[str, Any], reps: int = 10) -> dict[str, Any]
     """
     started = not ray.is_initialized()
     if started:
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        ray.init(num_cpus=max(2, os.cpu_count() or 1), include_dashboard=False,
-                 logging_level=logging.WARNING, log_to_driver=False)
+        start_local(max(2, os.cpu_count() or 1), log_to_driver=False)
     use_numpy_wire()
     try:
         src, dst = ProbeActor.remote(), ProbeActor.remote()
