@@ -78,9 +78,9 @@ def tool_result_tokens(spec: PipelineSpec, demos: int = _DEMOS) -> float:
     Measured on the task's own demo responses (``Example.demo``, split by
     :func:`jigsawrl.tasks.segments`): one character is one token for the engine's tokenizer.
     """
-    from jigsawrl.tasks import get_task, segments
+    from jigsawrl.tasks import build_task, segments
 
-    task = get_task(spec.task, **spec.rollout.task_params)
+    task = build_task(spec)
     if not getattr(task, "multi_turn", False):
         return 0.0
     sizes = [len(text) for ex in task.make_dataset(demos, seed=0)

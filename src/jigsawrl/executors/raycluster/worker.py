@@ -158,10 +158,10 @@ class RewardWorker:
     """
 
     def __init__(self, spec_json: str, reward_fn: Any = None, strict: bool = True) -> None:
-        from jigsawrl.tasks import get_task
+        from jigsawrl.tasks import build_task
 
         self.spec = spec_from_json(spec_json)
-        self.task = get_task(self.spec.task, **self.spec.rollout.task_params)
+        self.task = build_task(self.spec)  # a registered task, user data, a reward file
         self.reward_fn = reward_fn
         self.strict = strict
 
