@@ -53,3 +53,73 @@ def test_length_trace(tmp_path: Path) -> None:
     p.write_text("100,abc\n")
     with pytest.raises(InputError, match="line 1"):
         load_length_trace(p)
+
+
+# ---------------------------------------------------------------- model and length presets
+
+FAMILIES = {
+    "qwen2.5": ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "qwen2.5-14b",
+                "qwen2.5-32b"),
+    "qwen3": ("qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-32b"),
+    "llama": ("llama-3.2-1b", "llama-3.2-3b", "llama-3.1-8b"),
+}
+
+
+def test_model_presets_of_the_families_users_run() -> None:
+    from jigsawrl.workload.models import MODELS
+
+    for names in FAMILIES.values():
+        sizes = [MODELS[n].num_params for n in names]
+        assert sizes == sorted(sizes)
+    for m in MODELS.values():
+        # the published count and the one the shape implies agree (embeddings counted once
+        # when tied)
+        assert m.architecture_params() == pytest.approx(m.num_params, rel=0.03), m.name
+        assert m.source.startswith("huggingface.co/")
+        assert m.num_heads % m.num_kv_heads == 0
+    assert MODELS["qwen2-7b"].architecture_params() == MODELS["qwen2.5-7b"].architecture_params()
+    assert MODELS["llama-3.2-1b"].tied_embeddings and not MODELS["llama-3.1-8b"].tied_embeddings
+
+
+@pytest.mark.parametrize(("task", "cap", "mean", "clip"), [
+    # reference/gpu-anchors.md "Response lengths in RL": non-thinking 7B-class on GSM8K at 1024:
+    # mean 180-230, clip 0.0002-0.003
+    ("gsm8k-instruct", 1024, (180, 230), (0.0002, 0.003)),
+    # a Qwen3-8B DAPO run at 4096: mean 4,003, 90% at the cap; over half at 8192
+    ("dapo-math", 4096, (3900, 4100), (0.85, 0.95)),
+    ("dapo-math", 8192, (5000, 8192), (0.5, 0.65)),
+    # anchor H: mean 14,255 at the 27,648 cap (thinking, DeepSeek-R1 distill)
+    ("math-r1", 27648, (14000, 14500), (0.0, 0.2)),
+])
+def test_length_presets_match_the_published_statistics(task: str, cap: int, mean: tuple,
+                                                       clip: tuple) -> None:
+    import math
+
+    from jigsawrl.workload.task_presets import capped_lognormal_mean, clip_ratio
+
+    t = TASKS[task]
+    sigma = math.hypot(t.response_sigma, t.prompt_difficulty_sigma)
+    assert mean[0] <= capped_lognormal_mean(t.response_median, sigma, cap) <= mean[1]
+    assert clip[0] <= clip_ratio(t.response_median, sigma, cap) <= clip[1]
+    # and the sampler draws what the formulas say
+    s = RequestSampler(t, group_size=4, max_response_tokens=cap)
+    gen = np.array([r.generated_tokens for r in s.sample_step(np.random.default_rng(0), "p", 0,
+                                                              1000)])
+    assert mean[0] * 0.93 <= gen.mean() <= mean[1] * 1.07
+    assert "thinking" in t.description or "instruct" in t.description
+
+
+def test_lognormal_for_inverts_the_statistics() -> None:
+    from jigsawrl.workload.task_presets import capped_lognormal_mean, clip_ratio, lognormal_for
+
+    m, s = lognormal_for(1024, mean=183, clip=0.003)
+    assert capped_lognormal_mean(m, s, 1024) == pytest.approx(183, rel=1e-3)
+    assert clip_ratio(m, s, 1024) == pytest.approx(0.003, rel=1e-3)
+    m, s = lognormal_for(192, median=140, clip=0.14)
+    assert (m, clip_ratio(m, s, 192)) == (140, pytest.approx(0.14))
+    m, s = lognormal_for(4096, mean=859, sigma=0.7)
+    assert capped_lognormal_mean(m, s, 4096) == pytest.approx(859, rel=1e-3)
+    with pytest.raises(ValueError, match="exactly two"):
+        lognormal_for(1024, mean=100)
+    with pytest.raises(ValueError):
+        lognormal_for(100, mean=500, sigma=0.5)  # no capped mean above the cap
