@@ -56,9 +56,9 @@ def test_truth_sampler_samples_each_step_once_and_reproducibly() -> None:
 def test_dispatch_contiguous_and_unknown() -> None:
     rs = reqs(1, 2, 3, 4, 5)
     assert [[r.generated_tokens for r in c] for c in
-            dispatch_requests(rs, 2, "contiguous", seed=0, step=0)] == [[1, 2], [3, 4, 5]]
+            dispatch_requests(rs, 2, "contiguous")] == [[1, 2], [3, 4, 5]]
     with pytest.raises(ValueError, match="unknown dispatch"):
-        dispatch_requests(rs, 2, "random", seed=0, step=0)
+        dispatch_requests(rs, 2, "random")
 
 
 def test_contention_scales_decodes_above_one(fake_cost) -> None:  # noqa: ANN001
@@ -81,7 +81,7 @@ def test_cluster_rollout_then_work_exact_timeline(fake_cost) -> None:  # noqa: A
     pipe = exp.pipelines[0]
     rec = Recorder()
     sim = SimCluster(exp.num_devices, fake_cost, rec)
-    chunks = dispatch_requests(reqs(3, 6), 2, "contiguous", seed=0, step=0)
+    chunks = dispatch_requests(reqs(3, 6), 2, "contiguous")
     sim.start_rollout("p0/0/rollout", pipe, 0, (0, 1), 1, 1.0, 10_000, chunks)
     assert sim.busy()
     while sim.step():

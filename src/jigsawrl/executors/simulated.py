@@ -28,6 +28,7 @@ from jigsawrl.scheduler.base import (
     StartStage,
     task_id,
 )
+from jigsawrl.scheduler.ranker import LengthRanker
 from jigsawrl.sim.cluster import SimCluster
 from jigsawrl.sim.dispatch import TruthSampler, dispatch_requests
 from jigsawrl.stages import Stage
@@ -64,7 +65,7 @@ class SimulatedExecutor:
     Args:
         exp: the resolved experiment (pool, pipelines).
         truth_cost: the truth cost model.
-        seed: seeds the sampled requests and the length ranker of ``skew_aware`` dispatch.
+        seed: seeds the sampled requests.
     """
 
     def __init__(self, exp: Experiment, *, truth_cost: CostModelProtocol, seed: int) -> None:
@@ -122,16 +123,25 @@ class SimulatedExecutor:
         """The true requests of a step, sampled once from a seed derived from structure."""
         return self._sampler.step_requests(pipe, step)
 
-    def _dispatch(self, reqs: list[RequestTruth], n: int, how: str,
-                  step: int) -> list[list[RequestTruth]]:
-        """Split a step's batch over ``n`` ranks (:func:`~jigsawrl.sim.dispatch.dispatch_requests`)."""
-        return dispatch_requests(reqs, n, how, seed=self.seed, step=step)
+    def _dispatch(self, reqs: list[RequestTruth], n: int, how: str, step: int,
+                  ranker: LengthRanker | None = None) -> list[list[RequestTruth]]:
+        """Split a step's batch over ``n`` ranks (:func:`~jigsawrl.sim.dispatch.dispatch_requests`).
+
+        ``skew_aware`` ranks by the policy's ``ranker`` evaluated on each request's *prompt*
+        tokens (what a real system sees before generating), never on its sampled response.
+        """
+        if how != "skew_aware":
+            return dispatch_requests(reqs, n, how)
+        rk = ranker or LengthRanker()
+        return dispatch_requests(reqs, n, how, predicted=[rk.predict(r.prompt_tokens)
+                                                          for r in reqs])
 
     def _launch_rollout(self, pipe: ResolvedPipeline, a: StartRollout) -> None:
         tid = task_id(a.pipeline, a.step, Stage.ROLLOUT)
         n_ranks = len(a.devices) // a.tp
         if n_ranks < 1:
             raise ValueError(f"{tid}: {len(a.devices)} devices cannot host TP={a.tp}")
-        chunks = self._dispatch(self.step_requests(pipe, a.step), n_ranks, a.dispatch, a.step)
+        chunks = self._dispatch(self.step_requests(pipe, a.step), n_ranks, a.dispatch, a.step,
+                                a.ranker)
         self.sim.start_rollout(tid, pipe, a.step, a.devices, a.tp, a.share, a.kv_mem_bytes,
                                chunks)

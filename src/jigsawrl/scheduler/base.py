@@ -25,6 +25,7 @@ from jigsawrl.config import PipelineSpec
 from jigsawrl.costmodel import CostModelProtocol
 from jigsawrl.errors import ConfigError
 from jigsawrl.graph.predict import StepObservation
+from jigsawrl.scheduler.ranker import LengthRanker
 from jigsawrl.stages import POST_ROLLOUT, Stage
 from jigsawrl.workload.accelerators import AcceleratorSpec
 from jigsawrl.workload.models import ModelSpec
@@ -61,7 +62,9 @@ class StartRollout:
 
     ``dispatch`` is how the batch is split over ranks: ``contiguous`` (verl: equal contiguous
     chunks, a GRPO group stays together) or ``skew_aware`` (StreamRL: a length *ranker* orders
-    prompts by predicted length and deals them longest-first; see the executor for its accuracy).
+    prompts by predicted length and deals them longest-first). ``ranker`` is the policy's
+    predictor for ``skew_aware`` (:class:`~jigsawrl.scheduler.ranker.LengthRanker`, fitted on
+    history; the executor evaluates it on prompt lengths only; None: every request alike).
     """
 
     pipeline: str
@@ -71,6 +74,7 @@ class StartRollout:
     share: float = 1.0
     kv_mem_bytes: float = 0.0  # per device, reserved for the KV cache while the rollout runs
     dispatch: str = "contiguous"
+    ranker: LengthRanker | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,8 +29,10 @@ after every update. What is modelled here, and how:
   :mod:`jigsawrl.scheduler.areal`). Sync pipelines run disaggregated and
   synchronously. *Known gap:* StreamRL's sample streaming into the trainer within a step (dynamic
   batch pipelining) is not modelled — training starts when the whole batch is generated.
-- **Skew-aware dispatch.** Rollouts use ``dispatch="skew_aware"`` (the executor models the
-  output-length ranker).
+- **Skew-aware dispatch.** Rollouts use ``dispatch="skew_aware"`` with a length ranker fitted on
+  the pipeline's history and evaluated on prompt lengths (:mod:`jigsawrl.scheduler.ranker`); it
+  never sees a sampled length, so on preset workloads (prompt length independent of response
+  length) it balances by count.
 - **Weight sync** runs on the training pool (gather + send); the engine-side load is a few
   milliseconds and is not charged to the rollout pool. StreamRL overlaps the transfer with the
   next training step; the step graph runs it before (about 0.5 s a step, a known gap).
@@ -63,7 +65,8 @@ from jigsawrl.scheduler.base import (
     View,
     register_policy,
 )
-from jigsawrl.scheduler.verl import (
+from jigsawrl.scheduler.ranker import LengthRanker
+from jigsawrl.scheduler.verl_placements import (
     MICRO_BATCH_TOKENS,
     pipeline_resident_bytes,
 )
@@ -352,8 +355,9 @@ class DisaggregatedPolicy(PolicyBase):
                              if abs(t.share - share) > EPS]
         for pv, step in new:
             self._started[pv.name] += 1
+            ranker = LengthRanker.fit(pv.history) if self.dispatch == "skew_aware" else None
             out.append(StartRollout(pv.name, step, devs, pv.spec.rollout_tp, share,
-                                    self._kv_bytes(view, pv), self.dispatch))
+                                    self._kv_bytes(view, pv), self.dispatch, ranker))
         return out
 
     def _kv_bytes(self, view: View, pv: PipelineView) -> float:

@@ -3,21 +3,18 @@
 The simulator alone knows the truth it sampled (DESIGN.md §6): :class:`TruthSampler` draws a
 step's requests once, from a seed derived from structure ``(seed, pipeline index, step)``, so a
 run is reproducible and every policy sees the same workload. :func:`dispatch_requests` splits a
-step's batch over the data-parallel ranks of its rollout as the peers do.
+step's batch over the data-parallel ranks of its rollout as the peers do; its skew-aware order
+comes from the policy's predictions, never from the sampled lengths.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 
 from jigsawrl.workload.experiment import ResolvedPipeline
 from jigsawrl.workload.requests import RequestTruth
-
-# Accuracy of StreamRL's output-length ranker as modelled here: predicted = true × e^N(0, σ).
-# σ = 0.5 keeps the rank correlation around 0.8 on our length distributions (an assumption).
-RANKER_SIGMA = 0.5
-# Second seed word of the ranker's noise (the first is the run's seed, the third the step).
-RANKER_SEED = 7919
 
 
 class TruthSampler:
@@ -41,24 +38,26 @@ class TruthSampler:
         return self._samples[key]
 
 
-def dispatch_requests(reqs: list[RequestTruth], n: int, how: str, *, seed: int,
-                      step: int) -> list[list[RequestTruth]]:
+def dispatch_requests(reqs: list[RequestTruth], n: int, how: str, *,
+                      predicted: Sequence[float] | None = None) -> list[list[RequestTruth]]:
     """Split a step's batch over ``n`` ranks.
 
-    ``contiguous``: verl's equal contiguous chunks. ``skew_aware``: StreamRL's ranker — lengths
-    are *predicted* as the true length times lognormal noise (sigma :data:`RANKER_SIGMA`; an
-    assumed accuracy, StreamRL publishes no error figure; seeded by ``(seed, RANKER_SEED,
-    step)``), then dealt longest-predicted-first to the rank with the least predicted load.
+    ``contiguous``: verl's equal contiguous chunks. ``skew_aware``: StreamRL's ranker — requests
+    dealt longest-``predicted`` first (ties in request order) to the rank with the least
+    predicted load. ``predicted`` (one per request) comes from the policy's ranker
+    (:class:`~jigsawrl.scheduler.ranker.LengthRanker`, fed history and prompt lengths): this
+    function never reads a sampled response length.
 
     Raises:
-        ValueError: on another mode.
+        ValueError: on another mode, or ``skew_aware`` without one prediction per request.
     """
     if how == "contiguous":
         return [reqs[len(reqs) * r // n: len(reqs) * (r + 1) // n] for r in range(n)]
     if how != "skew_aware":
         raise ValueError(f"unknown dispatch {how!r}")
-    rng = np.random.default_rng([seed, RANKER_SEED, step])
-    pred = [r.generated_tokens * float(np.exp(rng.normal(0, RANKER_SIGMA))) for r in reqs]
+    if predicted is None or len(predicted) != len(reqs):
+        raise ValueError("skew_aware dispatch needs one predicted length per request")
+    pred = [float(p) for p in predicted]
     out: list[list[RequestTruth]] = [[] for _ in range(n)]
     load = [0.0] * n
     for i in sorted(range(len(reqs)), key=lambda i: -pred[i]):
