@@ -92,7 +92,8 @@ class ClusterSpec(_Strict):
 
 
 class RolloutSpec(_Strict):
-    """Sampling settings of a real rollout engine (ignored by the simulator)."""
+    """Sampling settings of a real rollout engine (ignored by the simulator, except
+    ``enforce_eager``, which the simulator's cost model charges for)."""
 
     temperature: float = Field(1.0, ge=0, le=10, description="sampling temperature, 0 = greedy")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus-sampling mass")
@@ -101,6 +102,9 @@ class RolloutSpec(_Strict):
     tool_latency_s: float = Field(0.0, ge=0, le=3600,
                                   description="extra latency added to each tool call")
     max_num_seqs: int = Field(64, ge=1, le=100_000, description="most requests decoding at once")
+    enforce_eager: bool = Field(
+        False, description="verl's rollout.enforce_eager: decode without CUDA graphs (the "
+                           "simulator charges a per-layer launch cost on every decode iteration)")
     task_params: dict[str, Any] = Field(default_factory=dict,
                                         description="task constructor params, e.g. difficulty")
 
@@ -111,7 +115,9 @@ class RolloutSpec(_Strict):
 
 
 class TrainSpec(_Strict):
-    """Trainer settings of a real pipeline (ignored by the simulator)."""
+    """Trainer settings of a real pipeline (ignored by the simulator, except ``ppo_epochs``,
+    ``micro_batch_size`` and the offload flags, which the simulator's cost model charges for:
+    ``costmodel/deploy.py``)."""
 
     lr: float = Field(5e-5, gt=0, le=1, description="RL learning rate")
     kl_coef: float = Field(0.0, ge=0, le=100, description="KL penalty to the reference")
@@ -129,6 +135,17 @@ class TrainSpec(_Strict):
     recompute_old_logprobs: bool = Field(
         True, description="separate old-log-prob pass; False reuses the update's own forward "
                           "when ppo_epochs is 1 (exactly on-policy, as TRL does)")
+    param_offload: bool = Field(
+        False, description="verl's actor fsdp_config.param_offload: actor parameters live in "
+                           "host memory between calls (loaded and offloaded around each "
+                           "log-prob, update and weight sync)")
+    optimizer_offload: bool = Field(
+        False, description="verl's actor fsdp_config.optimizer_offload: Adam state lives in host "
+                           "memory between updates (loaded and offloaded around each update)")
+    ref_param_offload: bool = Field(
+        False, description="verl's ref fsdp_config.param_offload: the reference model's "
+                           "parameters stay in host memory and are copied in for every "
+                           "micro-batch of the ref log-prob pass (FSDP CPU offload)")
     threads: int = Field(0, ge=0, le=1024, description="torch threads; 0 = all cores")
     checkpoint_every: int = Field(0, ge=0, le=MAX_STEPS,
                                   description="steps between checkpoints; 0 = only at end")

@@ -17,6 +17,7 @@ import math
 
 import numpy as np
 
+from jigsawrl.costmodel.deploy import DEFAULT_DEPLOYMENT, Deployment
 from jigsawrl.costmodel.roofline import CostParams, tp_allreduce_s
 from jigsawrl.workload.accelerators import AcceleratorSpec
 from jigsawrl.workload.models import ModelSpec
@@ -40,17 +41,21 @@ class CostCore:
             ``*_time_s`` results carry independent lognormal(0, noise_sigma) factors.
         seed: seed of the truth model's own ``numpy.random.Generator``.
         params: efficiencies and overheads; :class:`CostParams` documents the defaults.
+        deployment: the verl settings charged beyond the roofline (offload, eager decode, PPO's
+            critic; :mod:`.deploy`), for every pipeline this model costs. Default: none of them.
 
     Raises:
         ValueError: on a negative ``noise_sigma``.
     """
 
     def __init__(self, accel: AcceleratorSpec, *, noise_sigma: float = 0.0, seed: int = 0,
-                 params: CostParams | None = None) -> None:
+                 params: CostParams | None = None,
+                 deployment: Deployment | None = None) -> None:
         if noise_sigma < 0.0 or not math.isfinite(noise_sigma):
             raise ValueError(f"noise_sigma must be a finite number >= 0, got {noise_sigma}")
         self.accel = accel
         self.params = params or CostParams()
+        self.deployment = deployment or DEFAULT_DEPLOYMENT
         self.noise_sigma = float(noise_sigma)
         self.seed = seed
         self._rng = np.random.default_rng(seed)
@@ -59,9 +64,12 @@ class CostCore:
         p = self.params
         self._prefill_rate = accel.peak_flops * p.prefill_eff
         self._decode_rate = accel.peak_flops * p.decode_compute_eff
-        self._train_rate = accel.peak_flops * p.train_eff
-        self._logprob_rate = accel.peak_flops * p.logprob_eff
         self._hbm_rate = accel.hbm_bytes_per_s * p.hbm_bw_eff
+        # KV bytes cost this many weight-streaming bytes (decode attention reaches kv_bw_eff).
+        self._kv_scale = 1.0 if p.kv_bw_eff is None else p.hbm_bw_eff / p.kv_bw_eff
+        # Per layer per decode iteration without CUDA graphs (0 with graphs).
+        self._eager_per_layer = (p.eager_iter_overhead_s_per_layer
+                                 if self.deployment.enforce_eager else 0.0)
 
     # ---------------------------------------------------------------- noise
 
@@ -83,6 +91,14 @@ class CostCore:
         return t * noise
 
     # ---------------------------------------------------------------- helpers
+
+    def train_rate(self, model: ModelSpec) -> float:
+        """FLOP/s of one device in an actor update of ``model`` (peak x the size curve)."""
+        return self.accel.peak_flops * self.params.train_mfu(model.num_params)
+
+    def logprob_rate(self, model: ModelSpec) -> float:
+        """FLOP/s of one device in a forward-only log-prob pass of ``model``."""
+        return self.accel.peak_flops * self.params.logprob_mfu(model.num_params)
 
     def _bw(self, share: float) -> float:
         s_sat = self.params.s_sat

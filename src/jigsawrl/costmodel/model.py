@@ -11,7 +11,12 @@ own seeded generator (median 1, so the belief is the truth's median).
 - :mod:`.rollout_cost` — prefill and decode, with the closed-form decode spans;
 - :mod:`.train_cost` — log-prob and update passes, weight sync, host moves, reward, dispatch;
 - :mod:`.memory` — bytes per device (:class:`~.memory.MemoryCosts`);
-- :mod:`.slowdown` — time at a compute share over time at the whole device.
+- :mod:`.slowdown` — time at a compute share over time at the whole device;
+- :mod:`.deploy` — the verl settings charged beyond the roofline (host offload, eager decode,
+  PPO's critic), one :class:`~.deploy.Deployment` per cost model.
+
+The GPU defaults of :class:`~.roofline.CostParams` that are not datasheet numbers are fitted to
+published verl runs by :mod:`.anchor_fit` (``jigsawrl bench fidelity``, ``docs/FIDELITY.md``).
 
 Callers outside the cost model type against :class:`~.protocol.CostModelProtocol`.
 """
@@ -34,6 +39,7 @@ class CostModel(RolloutCosts, TrainCosts, MemoryCosts):
             ``*_time_s`` results carry independent lognormal(0, noise_sigma) factors.
         seed: seed of the truth model's own ``numpy.random.Generator``.
         params: efficiencies and overheads; :class:`~.roofline.CostParams` documents the defaults.
+        deployment: the verl settings charged beyond the roofline (:mod:`.deploy`); default none.
 
     Raises:
         ValueError: on a negative ``noise_sigma``.

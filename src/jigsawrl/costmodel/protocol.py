@@ -16,8 +16,9 @@ Members, by who calls them:
 - memory (schedulers, driver, ``sim``): :meth:`rollout_weight_bytes`, :meth:`kv_bytes`,
   :meth:`kv_budget_tokens`, :meth:`train_state_bytes`, :meth:`activation_bytes`;
 - co-location: :meth:`slowdown`;
-- data: :attr:`params` (``s_sat`` for bandwidth contention in ``sim``, ``train_eff`` for the
-  bound) and :attr:`accel` (peak FLOP/s for the bound).
+- data: :attr:`params` (``s_sat`` for bandwidth contention in ``sim``, ``train_eff`` — the cap
+  of the training MFU size curve, so the fastest training rate — for the bound) and
+  :attr:`accel` (peak FLOP/s for the bound).
 
 Time methods here take no ``noise`` argument: callers through the protocol get the model's own
 behaviour (deterministic for a belief, seeded noise for a truth); the noise knobs are

@@ -5,7 +5,10 @@ The hot paths (:meth:`RolloutCosts.prefill_time_s`, :meth:`RolloutCosts.decode_s
 float math: no arrays, no per-call containers.
 
 Decode, as a roofline: one iteration decoding ``batch`` tokens with ``ctx`` KV tokens (summed over
-the batch) takes ``k + max(c0 + c1*i, m0 + m1*i)`` at iteration ``i`` of a span, since the context
+the batch) takes ``k + max(c0 + c1*i, m0 + m1*i)`` at iteration ``i`` of a span (``k``: the fixed
+iteration overhead, plus a launch cost per layer when the deployment's rollout runs eager, without
+CUDA graphs; the memory line streams the weights at ``hbm_bw_eff`` and the KV cache at
+``kv_bw_eff`` of the datasheet bandwidth), since the context
 grows by ``batch`` per iteration: both the compute line and the memory line are linear in ``i``,
 so a span is a sum over at most two arithmetic series (closed form, :func:`span_sum`), and its
 inverse is a quadratic root per series (:func:`series_count`), corrected to the exact integer.
@@ -76,12 +79,13 @@ class RolloutCosts(CostCore):
         comp = self._decode_rate * share * tp
         bw = self._bw(share)
         attn = model.attn_flops_per_token_per_ctx()
-        kv = kv_bytes_per_token_per_device(model, tp)
+        kv = kv_bytes_per_token_per_device(model, tp) * self._kv_scale
         c0 = (2.0 * model.num_params * batch + attn * ctx_tokens) / comp
         c1 = attn * batch / comp
         m0 = (model.weight_bytes() / tp + kv * ctx_tokens) / bw
         m1 = kv * batch / bw
-        k = p.iter_overhead_s + p.iter_overhead_per_seq_s * batch + self._tp_comm(model, batch, tp)
+        k = (p.iter_overhead_s + p.iter_overhead_per_seq_s * batch + self._tp_comm(model, batch, tp)
+             + self._eager_per_layer * model.num_layers)
         return k, c0, c1, m0, m1
 
     def prefill_time_s(self, model: ModelSpec, tp: int, new_tokens: int, ctx_tokens: int = 0,
@@ -100,7 +104,7 @@ class RolloutCosts(CostCore):
         p = self.params
         flops = prefill_flops(model, new_tokens, ctx_tokens, num_seqs)
         compute = flops / (self._prefill_rate * share * tp)
-        kv = kv_bytes_per_token_per_device(model, tp)
+        kv = kv_bytes_per_token_per_device(model, tp) * self._kv_scale
         mem = (model.weight_bytes() / tp + kv * (ctx_tokens + new_tokens)) / self._bw(share)
         t = (compute if compute > mem else mem) + p.iter_overhead_s
         t += p.iter_overhead_per_seq_s * num_seqs + self._tp_comm(model, new_tokens, tp)

@@ -6,8 +6,10 @@ of the device. A roofline ``time = max(flops / compute rate, bytes / memory rate
 gives both from public hardware numbers (``workload/accelerators.py``) and public model shapes
 (``workload/models.py``), until ``jigsawrl profile`` measures real tables.
 
-The efficiencies and overheads in :class:`CostParams` are *assumptions* (each one says so and
-why); the hardware peaks they scale come from datasheets.
+The efficiencies and overheads in :class:`CostParams` are either *assumptions* (each one says so
+and why) or **fitted** to the published verl runs of ``reference/gpu-anchors.md`` by ``jigsawrl
+bench fidelity`` (each one names the anchors it came from; ``docs/FIDELITY.md`` has the fit and
+its leave-one-out error); the hardware peaks they scale come from datasheets.
 """
 
 from __future__ import annotations
@@ -19,12 +21,18 @@ from jigsawrl.workload.models import ModelSpec
 FP32_BYTES = 4
 
 
+# Lowest MFU the size curve gives (a guard for tiny models far below the anchors' sizes).
+MFU_FLOOR = 0.01
+
+
 @dataclass(frozen=True, slots=True)
 class CostParams:
-    """Efficiencies and overheads of the cost model. Every default is a documented assumption.
+    """Efficiencies and overheads of the cost model. Every default is a documented assumption or
+    a constant fitted to the GPU anchors (``FITTED``, naming its anchors; ``docs/FIDELITY.md``).
 
     Efficiencies are fractions of the datasheet peak (dense bf16 FLOP/s, HBM bytes/s) that real
-    kernels reach. They are not measured here; ``jigsawrl profile`` is meant to replace them.
+    kernels reach. ``jigsawrl profile`` measures them on a CPU; the GPU values are fitted to
+    published runs or assumed.
     """
 
     # Prefill is large GEMMs: well-tuned serving engines reach ~50-60% of dense peak on H100
@@ -35,24 +43,54 @@ class CostParams:
     # Achievable fraction of datasheet HBM bandwidth for weight/KV streaming (assumption: memcpy /
     # STREAM-like kernels reach ~80-90% on H100/A100; decode kernels a bit less).
     hbm_bw_eff: float = 0.8
-    # Fraction of SMs that already saturates HBM bandwidth (assumption: memory-bound kernels reach
-    # peak bandwidth with ~35-50% of the SMs; used as bw_frac(s) = min(1, s / s_sat)).
+    # Achievable fraction of HBM bandwidth when decode attention streams the KV cache (paged
+    # attention over many sequences reaches less of it than weight streaming). FITTED: anchors
+    # A, B, D, H, lab (their generation times, jointly with eager_iter_overhead_s_per_layer;
+    # H, a long-context run whose decode streams ~25 GB of KV per iteration, weighs most).
+    # None: the same as hbm_bw_eff (the CPU-worker parameters and profiles).
+    kv_bw_eff: float | None = 0.473
+    # Fraction of SMs that already saturates HBM bandwidth (assumption, NOT measured on a GPU:
+    # memory-bound kernels reach peak bandwidth with ~35-50% of the SMs; used as bw_frac(s) =
+    # min(1, s / s_sat)). It sets how cheap co-location looks: docs/FIDELITY.md gives the range.
     s_sat: float = 0.4
-    # Fixed per engine iteration: CPU scheduling, sampling, kernel launches with CUDA graphs
-    # (assumption: ~2 ms, which makes Qwen3-4B batch-1 decode ~5 ms/token on H100, as vLLM does).
-    iter_overhead_s: float = 2e-3
+    # Fixed per engine iteration with CUDA graphs: CPU scheduling, sampling, the graph replay.
+    # From the inference-server measurement of reference/gpu-anchors.md ("Decode speed"): Qwen3-8B
+    # under vLLM on one H100 takes 7.28 ms per output token at concurrency 1; the weights at
+    # hbm_bw_eff take 6.11 ms of it, leaving ~1.2 ms (not fitted to the RL anchors).
+    iter_overhead_s: float = 1.2e-3
     # Per running sequence per iteration: detokenisation, stop checks, output processing
     # (assumption: ~5 us per sequence in a vLLM-v1-style engine).
     iter_overhead_per_seq_s: float = 5e-6
+    # Decode without CUDA graphs (rollout.enforce_eager): each layer's kernels are launched from
+    # Python on every iteration; cost per layer per iteration. FITTED: anchors A, B, D (their
+    # eager generation times, jointly with kv_bw_eff; docs/FIDELITY.md). verl's own example of
+    # 85 s eager vs 62 s with graphs is a ratio of the same kind.
+    eager_iter_overhead_s_per_layer: float = 5.04e-4
     # One small all-reduce inside a node (custom / NVLS all-reduce, latency-dominated)
     # (assumption: ~8 us; NCCL small-message all-reduce on NVLink is ~5-20 us).
     allreduce_latency_s: float = 8e-6
     # Per ring step latency of a collective (assumption: ~10 us intra-node, used for FSDP).
     collective_step_latency_s: float = 1e-5
-    # FSDP / ZeRO-3 training and forward-only log-prob reach ~35-45% of peak (assumption; verl and
-    # Megatron reports for dense models of 1-30B are in this range).
+    # Highest MFU a training-side pass reaches: the caps of the size curve below (the makespan
+    # bound reads train_eff as the fastest training rate). Assumptions, not fitted: FSDP / ZeRO-3
+    # training of dense 1-30B models reaches ~35-45% of peak in verl and Megatron reports (and
+    # 0.25-0.37 for 7B-class in verl logs, reference/gpu-anchors.md); forward-only passes, like
+    # prefill, ~0.6.
     train_eff: float = 0.4
-    logprob_eff: float = 0.4
+    logprob_eff: float = 0.6
+    # MFU of the actor update (6 FLOPs per parameter per token) as a power law of the model's
+    # size: mfu(P) = min(train_eff, at_1b * (P / 1e9) ** exponent). Small models are overhead-
+    # and communication-bound (verl logs 0.06-0.07 at 0.5-1B); 7B-class reach 0.25-0.37.
+    # FITTED: anchors A, B, D, H, lab (their update, old log-prob and ref times, jointly with the
+    # ratio and the offload bandwidth below). None: flat at train_eff (the CPU-worker
+    # parameters and profiles). A floor below which the MFU stops falling was tried: the
+    # anchors do not constrain it (fitted to ~0.01), so it is not a parameter.
+    train_mfu_at_1b: float | None = 0.0772
+    train_mfu_exponent: float = 0.709
+    # A forward-only log-prob pass (2 FLOPs per parameter per token) reaches this many times the
+    # update's MFU, capped at logprob_eff (no backward, no optimizer, larger micro-batches).
+    # FITTED with the curve above.
+    logprob_mfu_ratio: float = 1.43
     # Fraction of FSDP communication hidden behind compute by prefetching (assumption).
     comm_overlap: float = 0.7
     # Tokens of one training micro-batch per device (verl's ppo_max_token_len_per_gpu default,
@@ -86,10 +124,19 @@ class CostParams:
     worker_link_latency_s: float = 0.0
     # Fixed cost of one host transfer call: pinned-buffer setup, synchronisation (assumption).
     host_transfer_latency_s: float = 1e-3
-    # Rule-based reward (regex / math-verify) on one CPU core, per sample (assumption: ~2 ms,
-    # between a regex match and a sympy equivalence check).
-    reward_s_per_sample: float = 2e-3
-    reward_overhead_s: float = 0.05
+    # Effective host <-> device bandwidth of verl's offload (train.param_offload,
+    # optimizer_offload, ref_param_offload; costmodel/deploy.py), per device: far below PCIe
+    # because verl moves pageable (unpinned) tensors and FSDP's CPU offload copies layer by
+    # layer, synchronously. FITTED: anchors D, lab (their offloaded passes, jointly with the
+    # MFU curve; the two disagree by ~2x, see docs/FIDELITY.md).
+    offload_bytes_per_s: float = 8.29e9
+    # Rule-based reward (regex / math-verify) on the controller's CPU: detokenise and score
+    # each sample. FITTED: the smallest per-sample step time left outside the published stages
+    # over the per-stage anchors (an upper bound of the reward's cost): anchor A, whose 6.5 s
+    # step leaves 0.085 s beside its stages for 512 samples (~0.17 ms each; docs/FIDELITY.md).
+    # The former 2 ms + 0.05 s charged A's reward ~13x what its step leaves room for.
+    reward_s_per_sample: float = 1.66e-4
+    reward_overhead_s: float = 0.0
     # Memory not usable for model state: CUDA context, NCCL buffers, allocator fragmentation
     # (assumption: ~3 GB per device).
     mem_reserve_bytes: float = 3e9
@@ -98,15 +145,46 @@ class CostParams:
     logits_bytes_per_entry: float = 6.0
 
     def __post_init__(self) -> None:
-        for name in ("prefill_eff", "decode_compute_eff", "hbm_bw_eff", "s_sat", "train_eff",
-                     "logprob_eff"):
+        for name in ("prefill_eff", "decode_compute_eff", "hbm_bw_eff", "kv_bw_eff", "s_sat",
+                     "train_eff", "logprob_eff"):
             value = getattr(self, name)
+            if value is None and name == "kv_bw_eff":
+                continue
             if not 0.0 < value <= 1.0:
                 raise ValueError(f"CostParams.{name} must be in (0, 1], got {value}")
         if not 0.0 <= self.comm_overlap <= 1.0:
             raise ValueError(f"CostParams.comm_overlap must be in [0, 1], got {self.comm_overlap}")
         if self.devices_per_node < 1 or self.train_micro_batch_tokens < 1:
             raise ValueError("CostParams.devices_per_node and train_micro_batch_tokens must be >= 1")
+        for name in ("eager_iter_overhead_s_per_layer", "reward_s_per_sample",
+                     "reward_overhead_s"):
+            if not getattr(self, name) >= 0.0:
+                raise ValueError(f"CostParams.{name} must be >= 0, got {getattr(self, name)}")
+        if not self.offload_bytes_per_s > 0.0:
+            raise ValueError(f"CostParams.offload_bytes_per_s must be > 0, "
+                             f"got {self.offload_bytes_per_s}")
+
+        if not self.logprob_mfu_ratio > 0.0:
+            raise ValueError(f"CostParams.logprob_mfu_ratio must be > 0, "
+                             f"got {self.logprob_mfu_ratio}")
+
+    def train_mfu(self, num_params: float) -> float:
+        """MFU of the actor update for a model of ``num_params`` (the size curve, capped)."""
+        if self.train_mfu_at_1b is None:
+            return self.train_eff
+        return min(self.train_eff, self._size_curve(num_params))
+
+    def logprob_mfu(self, num_params: float) -> float:
+        """MFU of a forward-only log-prob pass: ``logprob_mfu_ratio`` x the update's size
+        curve, capped at ``logprob_eff`` (flat ``logprob_eff`` without a size curve)."""
+        if self.train_mfu_at_1b is None:
+            return self.logprob_eff
+        return min(self.logprob_eff, self.logprob_mfu_ratio * self._size_curve(num_params))
+
+    def _size_curve(self, num_params: float) -> float:
+        assert self.train_mfu_at_1b is not None
+        value = self.train_mfu_at_1b * (max(num_params, 1.0) / 1e9) ** self.train_mfu_exponent
+        return max(MFU_FLOOR, value)
 
 
 # ---------------------------------------------------------------- FLOPs (useful model FLOPs only)

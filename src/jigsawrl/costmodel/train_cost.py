@@ -1,9 +1,13 @@
 """Training side of the cost model: log-prob and update passes, weight sync, host moves, reward.
 
-The passes are FSDP / ZeRO-3 over ``n_devices`` data-parallel devices: compute at the training
-efficiency of peak, parameter all-gathers and gradient reduce-scatters per micro-batch (partly
-hidden behind compute), a memory-bound Adam step. :meth:`TrainCosts.dispatch_time_s` adds what a
-pool of worker processes costs beside that (0 unless ``jigsawrl profile`` measured it).
+The passes are FSDP / ZeRO-3 over ``n_devices`` data-parallel devices: compute at the MFU of the
+model's size (``CostParams.train_mfu`` / ``logprob_mfu``, fitted to the GPU anchors), parameter
+all-gathers and gradient reduce-scatters per micro-batch (partly hidden behind compute), a
+memory-bound Adam step. The deployment (:mod:`.deploy`) adds PPO's critic to the update
+(:meth:`TrainCosts.critic_time_s`) and verl's host offload transfers to each call
+(:meth:`TrainCosts.offload_time_s`); :meth:`TrainCosts.dispatch_time_s` charges those transfers
+and what a pool of worker processes costs beside compute (0 unless ``jigsawrl profile`` measured
+it).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import math
 from collections.abc import Sequence
 
 from jigsawrl.costmodel.core import CostCore, check_share
+from jigsawrl.costmodel.deploy import ACTOR_PARAM_BYTES, ADAM_STATE_BYTES, REF_PARAM_BYTES
 from jigsawrl.costmodel.roofline import (
     FP32_BYTES,
     logprob_flops,
@@ -69,32 +74,42 @@ class TrainCosts(CostCore):
                        *, noise: float | None = None) -> float:
         """Forward-only log-prob pass over ``tokens`` tokens, FSDP-sharded over ``n_devices``.
 
-        Compute at ``logprob_eff`` of peak, plus one bf16 parameter all-gather per micro-batch
-        (partly hidden behind compute, ``comm_overlap``).
+        Compute at ``CostParams.logprob_mfu`` of peak for the model's size, plus one bf16
+        parameter all-gather per micro-batch (partly hidden behind compute, ``comm_overlap``).
         """
         check_share(share)
         if tokens <= 0:
             return 0.0
-        compute = logprob_flops(model, tokens) / (self._logprob_rate * share * n_devices)
+        return self._out(self._logprob_s(model, n_devices, tokens, share), noise)
+
+    def _logprob_s(self, model: ModelSpec, n_devices: int, tokens: float, share: float) -> float:
+        compute = logprob_flops(model, tokens) / (self.logprob_rate(model) * share * n_devices)
         gather = ring_collective_s(model.weight_bytes(), n_devices, self._link_bw(n_devices),
                                    self.params.collective_step_latency_s)
         comm = self._micro_batches(n_devices, tokens) * gather
-        t = overlap_comm(compute, comm, self.params.comm_overlap) + self.params.logprob_overhead_s
-        return self._out(t, noise)
+        return overlap_comm(compute, comm, self.params.comm_overlap) + self.params.logprob_overhead_s
 
     def train_time_s(self, model: ModelSpec, n_devices: int, tokens: int, share: float = 1.0,
                      *, noise: float | None = None) -> float:
         """Forward + backward + optimizer step(s) over ``tokens`` tokens on ``n_devices``.
 
-        ZeRO-3/FSDP: per micro-batch two bf16 parameter all-gathers (forward, backward) and one
-        fp32 gradient reduce-scatter, over NVLink inside a node and the NIC across nodes; then
-        ``optimizer_steps`` memory-bound Adam steps over the local shard.
+        ZeRO-3/FSDP: compute at ``CostParams.train_mfu`` of peak for the model's size; per
+        micro-batch two bf16 parameter all-gathers (forward, backward) and one fp32 gradient
+        reduce-scatter, over NVLink inside a node and the NIC across nodes; then
+        ``optimizer_steps`` memory-bound Adam steps over the local shard. With a critic in the
+        deployment, its values pass and update are added (:meth:`critic_time_s`).
         """
         check_share(share)
         if tokens <= 0:
             return 0.0
+        t = self._update_s(model, n_devices, tokens, share)
+        if self.deployment.critic:
+            t += sum(self.critic_time_s(model, n_devices, tokens, share))
+        return self._out(t, noise)
+
+    def _update_s(self, model: ModelSpec, n_devices: int, tokens: float, share: float) -> float:
         p = self.params
-        compute = train_flops(model, tokens) / (self._train_rate * share * n_devices)
+        compute = train_flops(model, tokens) / (self.train_rate(model) * share * n_devices)
         link = self._link_bw(n_devices)
         lat = p.collective_step_latency_s
         per_micro = (2.0 * ring_collective_s(model.weight_bytes(), n_devices, link, lat)
@@ -103,7 +118,23 @@ class TrainCosts(CostCore):
         comm = self._micro_batches(n_devices, tokens) * per_micro
         adam = ADAM_BYTES_PER_PARAM * model.num_params / n_devices / self._bw(share)
         t = overlap_comm(compute, comm, p.comm_overlap) + p.optimizer_steps * adam
-        return self._out(t + p.train_overhead_s, noise)
+        return t + p.train_overhead_s
+
+    def critic_time_s(self, model: ModelSpec, n_devices: int, tokens: int,
+                      share: float = 1.0) -> tuple[float, float]:
+        """PPO's critic: (values forward, critic update) over ``tokens`` tokens, no noise.
+
+        The critic has the actor's shape (verl's PPO examples start it from the actor's model)
+        and is priced like it: a forward pass and an update at the same size curves. What
+        :meth:`train_time_s` adds when the deployment has a critic (the scheduler has no critic
+        stages, so both run inside the actor-update stage: a simplification of the timeline,
+        not of the step time).
+        """
+        check_share(share)
+        if tokens <= 0:
+            return 0.0, 0.0
+        return (self._logprob_s(model, n_devices, tokens, share),
+                self._update_s(model, n_devices, tokens, share))
 
     def weight_sync_time_s(self, model: ModelSpec, n_devices: int, tp: int = 1, *,
                            noise: float | None = None) -> float:
@@ -128,14 +159,19 @@ class TrainCosts(CostCore):
         return self._out(t, noise)
 
     def dispatch_time_s(self, model: ModelSpec, stage: str, n_devices: int) -> float:
-        """What a worker pool adds to ``stage`` beside its compute: the call to the worker, and
+        """What ``stage`` costs beside its compute: the deployment's host offload transfers
+        (:meth:`offload_time_s`), and what a worker pool adds — the call to the worker, and
         the fp32 weights moved to data-parallel helpers (update: and the gradients back) or to
-        the rollout engines (weight sync). See ``CostParams.call_overhead_s``; 0 by default.
+        the rollout engines (weight sync); see ``CostParams.call_overhead_s``, 0 by default.
         Reward (``reward_overhead_s``) and host moves (``host_transfer_latency_s``) have their
         call in their own cost already."""
-        p = self.params
         if stage in CALL_IN_OWN_COST:
             return 0.0
+        offload = self.offload_time_s(model, stage, n_devices)
+        return offload + self._pool_time_s(model, stage, n_devices)
+
+    def _pool_time_s(self, model: ModelSpec, stage: str, n_devices: int) -> float:
+        p = self.params
         if stage == Stage.WEIGHT_SYNC:
             moves = 1
         elif n_devices >= 2:
@@ -147,6 +183,28 @@ class TrainCosts(CostCore):
         per_move = (p.worker_link_latency_s
                     + model.weight_bytes(FP32_BYTES) / p.worker_link_bytes_per_s)
         return p.call_overhead_s + moves * per_move
+
+    def offload_time_s(self, model: ModelSpec, stage: str, n_devices: int) -> float:
+        """Host <-> device transfers the deployment's offload adds to one call of ``stage``.
+
+        Per device, at ``CostParams.offload_bytes_per_s`` (plus ``host_transfer_latency_s`` per
+        transfer): with ``param_offload`` the actor's fp32 shard is loaded and offloaded around
+        the old log-prob, the update and the weight sync; with ``optimizer_offload`` Adam's fp32
+        m and v around the update; with ``ref_param_offload`` the reference's bf16 shard is
+        copied in once per micro-batch of the ref pass (FSDP CPU offload; nothing to copy back).
+        No noise: :meth:`dispatch_time_s` is deterministic.
+        """
+        dep, p = self.deployment, self.params
+        n = max(1, n_devices)
+        moves: list[float] = []  # bytes per device of each transfer
+        if dep.param_offload and stage in (Stage.OLD_LOGPROB, Stage.ACTOR_UPDATE,
+                                           Stage.WEIGHT_SYNC):
+            moves += [ACTOR_PARAM_BYTES * model.num_params / n] * 2
+        if dep.optimizer_offload and stage == Stage.ACTOR_UPDATE:
+            moves += [ADAM_STATE_BYTES * model.num_params / n] * 2
+        if dep.ref_param_offload and stage == Stage.REF_LOGPROB:
+            moves += [REF_PARAM_BYTES * model.num_params / n] * dep.ref_micro_batches(n)
+        return sum(moves) / p.offload_bytes_per_s + len(moves) * p.host_transfer_latency_s
 
     def reward_time_s(self, num_samples: int, *, noise: float | None = None) -> float:
         """Rule-based reward on CPU: a fixed overhead plus a constant per sample."""
