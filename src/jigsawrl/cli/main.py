@@ -176,6 +176,63 @@ def bench_sim_speed(
     out.print(table)
 
 
+# ---- bench fidelity (the cost model against published GPU runs) ---- begin
+@bench_app.command("fidelity")
+@user_errors
+def bench_fidelity(
+    out_dir: Annotated[Path | None, typer.Option("--out", help="write fidelity.json here")] = None,
+    anchors: Annotated[Path, typer.Option(help="folder of anchor files")] = Path("anchors"),
+    steps: Annotated[int | None, typer.Option(min=1, help="steps per anchor (default: each "
+                                                          "anchor's own)")] = None,
+) -> None:
+    """Each published run of anchors/ predicted by constants fitted without it (leave-one-out)."""
+    import math
+    import shlex
+
+    from jigsawrl.bench.fidelity import git_commit, load_anchors, run_fidelity, write_fidelity
+    from jigsawrl.experiments.machine import machine_info
+
+    command = shlex.join(["jigsawrl", "bench", "fidelity", "--anchors", str(anchors),
+                          *(["--steps", str(steps)] if steps else []),
+                          *(["--out", str(out_dir)] if out_dir else [])])
+    t0 = time.perf_counter()
+    res = run_fidelity(load_anchors(anchors), steps=steps)
+    machine = machine_info()
+    res.info = {"command": command, "commit": git_commit(), "machine": machine,
+                "wall_s": round(time.perf_counter() - t0, 1)}
+    table = Table(title="simulated vs published (leave-one-out: each anchor predicted by "
+                        "constants fitted without it)")
+    for col in ("anchor", "stage", "published s", "predicted s", "ratio", "|ln ratio|"):
+        table.add_column(col, justify="left" if col in ("anchor", "stage") else "right")
+    for a in res.anchors:
+        for stage, v in a["stages"].items():
+            err = abs(v["log_ratio"])
+            mark = "[red]" if err > math.log(2) else "[yellow]" if err > math.log(1.2) else ""
+            table.add_row(a["name"], stage, f"{v['published']:.4g}", f"{v['predicted']:.4g}",
+                          f"{math.exp(v['log_ratio']):.2f}", f"{mark}{err:.3f}")
+    table.caption = (f"median |ln ratio| {res.median_abs_log_ratio:.3f} (target <= "
+                     f"{math.log(1.2):.3f}), max {res.max_abs_log_ratio:.3f} (target <= "
+                     f"{math.log(2):.3f}); {machine['cpu']}, {res.info['wall_s']} s")
+    out.print(table)
+    inside = res.as_json()["in_sample"]
+    if inside:
+        out.print(f"the defaults (fitted on all anchors) on the same anchors: median |ln ratio| "
+                  f"{inside['median_abs_log_ratio']:.3f}, max {inside['max_abs_log_ratio']:.3f}",
+                  highlight=False)
+    consts = Table(title="fitted on all anchors (= CostParams defaults: "
+                         f"{'yes' if res.defaults_match() else 'NO'})")
+    for col in ("constant", "value", "default", "from anchors"):
+        consts.add_column(col)
+    for key, f in res.fitted.items():
+        consts.add_row(key, f"{f.value:.4g}", f"{res.defaults[key]:.4g}", ", ".join(f.sources))
+    out.print(consts)
+    for miss in res.misses():
+        out.print(f"[yellow]missed[/]: {miss}", highlight=False)
+    if out_dir is not None:
+        out.print(f"wrote [bold]{write_fidelity(res, out_dir)}[/]")
+# ---- bench fidelity ---- end
+
+
 # ---- bench paper / bench decide (benchmark harness of the paper's evaluation) ---- begin
 @bench_app.command("paper")
 @user_errors
