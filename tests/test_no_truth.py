@@ -41,7 +41,7 @@ from jigsawrl.workload.requests import RequestTruth
 
 
 def tiny_cfg(mode: str):  # noqa: ANN201
-    pipes = [{"name": f"p{i}", "model": "qwen3-4b", "task": task, "batch_size": 4,
+    pipes = [{"name": f"p{i}", "model": "qwen3-0.6b", "task": task, "batch_size": 4,
               "group_size": 2, "max_response_tokens": 1024, "steps": 3, "mode": mode,
               **({"max_staleness": 1} if mode == "async" else {})}
              for i, task in enumerate(("gsm8k", "math", "gsm8k"))]

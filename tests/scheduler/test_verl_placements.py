@@ -223,9 +223,14 @@ def test_verl_on_eight_small_jobs_picks_a_queue() -> None:
 
 def test_verl_variants_are_every_placement_under_its_registered_name() -> None:
     names = [v.name for v in get_policy("verl").variants()]
-    assert names == ["verl-split", "verl-serial", "verl-sized",
-                     *(f"verl-queue-{k}" for k in range(2, MAX_QUEUE_K + 1))]
-    assert [v.name for v in get_policy("verl-queue").variants()] == names[3:]
+    sync = ["verl-split", "verl-serial", "verl-sized",
+            *(f"verl-queue-{k}" for k in range(2, MAX_QUEUE_K + 1))]
+    assert names[:len(sync)] == sync
+    # then verl's async recipes, each over its rollout/train splits (verl_async.py)
+    assert names[len(sync):] == [f"{r}-split#{k}" for r in ("verl-one-step-off",
+                                                             "verl-fully-async")
+                                 for k in range(6)]
+    assert [v.name for v in get_policy("verl-queue").variants()] == sync[3:]
     assert get_policy("verl-queue", {"k": 3}).name == "verl-queue-3"
     assert get_policy("verl-sized").name == "verl-sized"
     with pytest.raises(ConfigError):

@@ -10,6 +10,7 @@ from jigsawrl.scheduler import (  # noqa: F401,E402  (importing registers the po
     rollmux,
     streamrl,
     verl,
+    verl_async,
 )
 from jigsawrl.scheduler.base import (  # noqa: F401
     Decision,

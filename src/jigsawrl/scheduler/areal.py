@@ -37,7 +37,12 @@ later steps keep the rollout pool busy meanwhile). Modelling it needs sample-lev
 from __future__ import annotations
 
 from jigsawrl.scheduler.base import Action, Interrupt, PipelineView, View, register_policy
-from jigsawrl.scheduler.streamrl import ROLLOUT_MEM_FRACTION, DisaggregatedPolicy, Placement
+from jigsawrl.scheduler.streamrl import (
+    ROLLOUT_MEM_FRACTION,
+    DisaggregatedPolicy,
+    Placement,
+    staleness_slots,
+)
 from jigsawrl.stages import Stage
 
 
@@ -55,7 +60,7 @@ class ArealPolicy(DisaggregatedPolicy):
 
     def rollout_slots(self, pv: PipelineView) -> int:
         """η + 1 rollouts of an async pipeline may be in flight; a sync one has one."""
-        return 1 + (pv.spec.max_staleness if pv.spec.mode == "async" else 0)
+        return staleness_slots(pv)
 
     def pre_actions(self, view: View) -> list[Action]:
         """Interrupt a pipeline's in-flight rollouts when its new weights have arrived."""

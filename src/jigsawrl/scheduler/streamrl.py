@@ -192,6 +192,7 @@ class DisaggregatedPolicy(PolicyBase):
 
     family = "streamrl"
     dispatch = "skew_aware"
+    placements: tuple[str, ...] = ("split", "shared")  # what ``auto`` searches
 
     def __init__(self, placement: Placement = "auto", allocation: int | None = None,
                  gpu_memory_utilization: float = ROLLOUT_MEM_FRACTION) -> None:
@@ -217,7 +218,7 @@ class DisaggregatedPolicy(PolicyBase):
         reports the best (an index past the candidates of a pool fails fast as infeasible)."""
         if self.placement != "auto" and self.allocation is not None:
             return [self]
-        places = ("split", "shared") if self.placement == "auto" else (self.placement,)
+        places = self.placements if self.placement == "auto" else (self.placement,)
         return [type(self)(p, k, self.gpu_memory_utilization) for p in places
                 for k in ((self.allocation,) if self.allocation is not None
                           else range(MAX_ALLOCATIONS[p]))]
@@ -246,6 +247,10 @@ class DisaggregatedPolicy(PolicyBase):
     def rollout_slots(self, pv: PipelineView) -> int:
         """Rollouts of one pipeline in flight at once: StreamRL generates one batch at a time."""
         return 1
+
+    def staleness(self, pv: PipelineView) -> int:
+        """Steps a rollout may run ahead of the synced weights: the pipeline's bound (async)."""
+        return pv.spec.max_staleness if pv.spec.mode == "async" else 0
 
     def pre_actions(self, view: View) -> list[Action]:
         """Actions before any start (AReaL's interrupts)."""
@@ -337,7 +342,8 @@ class DisaggregatedPolicy(PolicyBase):
         pipeline waits; otherwise its running rollouts drain and the pool is handed over.
         """
         running = [t for pv in pvs for t in pv.running if t.stage == Stage.ROLLOUT]
-        waiting = {pv.name: [s for s, st in pv.ready() if st == Stage.ROLLOUT] for pv in pvs}
+        waiting = {pv.name: [s for s, st in pv.ready() if st == Stage.ROLLOUT
+                             and s - pv.steps_completed <= self.staleness(pv)] for pv in pvs}
         waiting = {k: v for k, v in waiting.items() if v}
         owner = running[0].pipeline if running else None
         if owner is None and waiting:
@@ -375,6 +381,11 @@ class DisaggregatedPolicy(PolicyBase):
                               where=f"pipelines.{pv.index}.rollout_tp",
                               fix="raise rollout_tp or lower max_staleness")
         return kv
+
+
+def staleness_slots(pv: PipelineView) -> int:
+    """η + 1 rollouts of an async pipeline in flight (one per weight version); one if sync."""
+    return 1 + (pv.spec.max_staleness if pv.spec.mode == "async" else 0)
 
 
 @register_policy("streamrl")

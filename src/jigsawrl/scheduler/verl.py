@@ -18,8 +18,11 @@ so a verl user picks a placement of the jobs:
 ``verl`` runs every placement and reports the best measured (the runner evaluates
 :meth:`VerlPolicy.variants`; DESIGN.md §6); ``verl-queue`` without ``k`` does the same over k.
 Memory follows verl's defaults: the FSDP train state and the reference weights stay resident, the
-vLLM engine gets ``gpu_memory_utilization`` of device memory (weights + KV) while it runs; async
-pipelines are run synchronously (verl's default trainer; its async recipes are other baselines).
+vLLM engine gets ``gpu_memory_utilization`` of device memory (weights + KV) while it runs. These
+placements run async pipelines synchronously (verl's default trainer; a user may run them so);
+for a group with async pipelines ``verl`` also runs verl's async recipes, one-step-off and
+fully-async, each over its rollout/train splits (``scheduler/verl_async.py``), so that an async
+pipeline is compared like for like.
 Simplification: job start-up (model loading) is not charged, which favours ``verl-serial`` and
 ``verl-queue`` (each queued job would load its models when it takes a slice).
 """
@@ -33,6 +36,7 @@ from jigsawrl.scheduler.base import (
     Action,
     Decision,
     PipelineView,
+    Policy,
     PolicyBase,
     SetResident,
     StartRollout,
@@ -40,6 +44,7 @@ from jigsawrl.scheduler.base import (
     View,
     register_policy,
 )
+from jigsawrl.scheduler.verl_async import async_recipes
 from jigsawrl.scheduler.verl_placements import (
     MAX_QUEUE_K,
     MICRO_BATCH_TOKENS,
@@ -120,26 +125,33 @@ class VerlPolicy(PolicyBase):
         self._holder: dict[int, str] = {}
         self._order: list[str] = []  # queue: the jobs not yet started, in queue order
 
-    def variants(self) -> list[VerlPolicy]:
+    def variants(self) -> list[Policy]:
         """The placements to run, the runner reporting the best: for ``verl`` (auto) split,
-        serial, sized and the queues of 2 .. :data:`MAX_QUEUE_K` jobs at a time (split and
-        serial first, so that a tie names today's placements); for ``verl-queue`` without
-        ``k`` the queues. A queue that duplicates split or serial, or whose slices cannot hold
-        a pipeline, fails fast at its first decision and the runner skips it."""
+        serial, sized, the queues of 2 .. :data:`MAX_QUEUE_K` jobs at a time (split and
+        serial first, so that a tie names today's placements) and verl's async recipes
+        (``verl_async.async_recipes``); for ``verl-queue`` without ``k`` the queues. A queue
+        that duplicates split or serial, or whose slices cannot hold a pipeline, and an async
+        recipe on a group with no async pipeline, fail fast at the first decision and the
+        runner skips them."""
         gmu = self.gpu_memory_utilization
-        queues = [VerlPolicy("queue", gmu, k) for k in range(2, MAX_QUEUE_K + 1)]
+        queues: list[Policy] = [VerlPolicy("queue", gmu, k) for k in range(2, MAX_QUEUE_K + 1)]
         if self.placement == "auto":
-            return [VerlPolicy(p, gmu) for p in ("split", "serial", "sized")] + queues
+            return [*(VerlPolicy(p, gmu) for p in ("split", "serial", "sized")), *queues,
+                    *async_recipes()]
         if self.placement == "queue" and self.k is None:
             return queues
         return [self]
 
-    def variants_for(self, view: View) -> list[VerlPolicy]:
+    def variants_for(self, view: View) -> list[Policy]:
         """:meth:`variants` knowing the pool (the first view): only the queues whose width
-        :func:`~jigsawrl.scheduler.verl_placements.queue_widths` keeps, so that no duplicate
-        or infeasible queue is run (for a runner that can build a view before running)."""
+        :func:`~jigsawrl.scheduler.verl_placements.queue_widths` keeps, and the async recipes
+        only for a group with an async pipeline, so that no duplicate or infeasible variant is
+        run (for a runner that can build a view before running)."""
         keep = set(queue_widths(view))
-        return [v for v in self.variants() if v.k is None or v.k in keep or v is self]
+        has_async = any(p.spec.mode == "async" for p in view.pipelines)
+        return [v for v in self.variants()
+                if (v.k is None or v.k in keep or v is self if isinstance(v, VerlPolicy)
+                    else has_async)]
 
     def decide(self, view: View) -> Decision:
         if self.placement == "auto" or (self.placement == "queue" and self.k is None):
