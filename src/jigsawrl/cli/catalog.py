@@ -79,8 +79,12 @@ def _tasks() -> Table:
 SCHEDULER_SUMMARIES = {
     "jigsaw": "JigsawRL: sub-stage multiplexing, dynamic shares, tail migration, look-ahead",
     "greedy": "jigsaw without look-ahead (depth 0): the look-ahead ablation",
-    "verl": "verl (HybridFlow), sync colocated: the best of verl-split, verl-serial, "
-            "verl-sized and every verl-queue-k (the winner is named)",
+    "verl": "verl (HybridFlow): the best of verl-split, verl-serial, verl-sized, every "
+            "verl-queue-k and, for async groups, its async recipes (the winner is named)",
+    "verl-one-step-off": "verl's one-step-off async recipe: rollout on its own devices, one "
+                         "version behind",
+    "verl-fully-async": "verl's fully-async recipe: streaming rollout on its own devices within "
+                        "the staleness bound",
     "verl-sized": "verl, each job on a slice sized to its predicted work (task priors)",
     "verl-queue": "verl, k jobs at a time on equal slices, the next taking a freed slice "
                   "(params.k; none: every k)",
