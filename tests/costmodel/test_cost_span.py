@@ -90,3 +90,12 @@ def test_closed_form_on_arbitrary_lines(c0: float, c1: float, m0: float, m1: flo
         est = n_x + series_count(k + b0 + b1 * n_x, b1, rest)
     assert span_sum(k, c0, c1, m0, m1, float(int(est))) <= budget * (1 + 1e-9) + 1e-12
     assert span_sum(k, c0, c1, m0, m1, float(int(est) + 2)) > budget
+
+
+def test_lines_that_cross_beyond_float_range_never_cross() -> None:
+    # hypothesis found it: a subnormal slope makes the crossing index overflow to inf
+    from jigsawrl.costmodel.rollout_cost import regimes, span_sum
+
+    c1 = 1.1125369292536007e-308 / 50
+    assert regimes(0.0, c1, 1.0, 0.0)[0] == float("inf")
+    assert span_sum(1.0, 0.0, c1, 1.0, 0.0, 3.0) == pytest.approx(6.0)

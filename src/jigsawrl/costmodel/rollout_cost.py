@@ -45,8 +45,14 @@ def regimes(c0: float, c1: float, m0: float, m1: float) -> tuple[float, float, f
     if d1 < 0.0 and d0 <= 0.0:
         return math.inf, m0, m1, m0, m1
     if d1 > 0.0:  # memory-bound first; compute overtakes from i >= -d0/d1
-        return float(math.ceil(-d0 / d1)), m0, m1, c0, c1
-    return float(math.ceil(d0 / -d1)), c0, c1, m0, m1  # compute first; memory overtakes
+        return _crossing(-d0 / d1), m0, m1, c0, c1
+    return _crossing(d0 / -d1), c0, c1, m0, m1  # compute first; memory overtakes
+
+
+def _crossing(i: float) -> float:
+    """The first whole iteration at or after ``i`` (``inf`` when ``i`` overflowed: a slope so
+    small that the lines never cross within float range)."""
+    return math.inf if math.isinf(i) else float(math.ceil(i))
 
 
 def span_sum(k: float, c0: float, c1: float, m0: float, m1: float, n: float) -> float:
