@@ -31,9 +31,9 @@ per pipeline. It is assembled from parts that share one
 - :mod:`.recovery` — a device worker that dies is replaced on the same bundle and the requests
   it owned go to a live rank of the same rollout: resumed from their latest checkpoint (the
   tokens generated since are generated again), or regenerated from their prompt when they have
-  none (``recovered`` counts both); a pipeline whose train state was on it fails with a clear
-  error (``--resume`` restarts it from its last checkpoint); any other failed call fails only
-  its pipeline.
+  none (``recovered`` counts both); a train state that was on it is rebuilt on the new worker
+  from its host copy and the passes run since, and the tasks that died are launched again; any
+  other failed call fails only its pipeline.
 
 Worker calls take and return the typed messages of :mod:`.messages`.
 
@@ -152,7 +152,8 @@ class RayExecutor:
         self.residency = Residency(self.state)
         self.rollouts = Rollouts(self.state)
         self.training = Training(self.state, self.residency)
-        self.recovery = Recovery(self.state, self.fleet, self.rollouts)
+        self.recovery = Recovery(self.state, self.fleet, self.rollouts, self.residency,
+                                 self.launch)
 
     # ------------------------------------------------------------------ what a run reports
     @property
@@ -252,6 +253,14 @@ class RayExecutor:
             self.state.instant.append(TaskFailed(tid, pipe.name, action.step, stage,
                                                  self.now_s, pipe.lost))
             return
+        self.state.launching = action
+        try:
+            self._dispatch(pipe, action, stage, tid)
+        finally:
+            self.state.launching = None
+
+    def _dispatch(self, pipe: Any, action: StartRollout | StartStage, stage: str,
+                  tid: str) -> None:
         if isinstance(action, StartRollout):
             self.rollouts.launch(action, tid)
         elif stage == Stage.REWARD:

@@ -103,7 +103,7 @@ class Fleet:
             ckpt = str(ckpt_dir / name) if ckpt_dir and pipe.offset else None
             dev = devs[i % len(devs)]
             info_ref, state_ref = dev.actor.init_train.options(num_returns=2).remote(name, ckpt)
-            pipe.host_ref = pipe.weights_ref = state_ref
+            pipe.host_ref = pipe.weights_ref = pipe.restore_ref = state_ref
             pending.append((pipe, info_ref))
         for pipe, ref in pending:
             try:

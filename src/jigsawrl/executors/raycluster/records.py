@@ -79,6 +79,23 @@ class Pipe:
     trajs: dict[int, Any] = field(default_factory=dict)  # step -> ObjectRef of trajectories
     rewards: dict[int, Any] = field(default_factory=dict)  # step -> ObjectRef of reward result
     metrics: dict[int, dict[str, float]] = field(default_factory=dict)  # absolute step -> metrics
+    # Restore point of the train state (recovery.py): a host copy in the object store (from the
+    # start or the last offload that returned) and the model passes run on it since, in order.
+    restore_ref: Any = None
+    replay: list[Replay] = field(default_factory=list)
+    epoch: int = 0  # restores so far: a call submitted before the last one is stale
+
+
+@dataclass(eq=False)
+class Replay:
+    """A model pass of a pipeline since its restore point, and its inputs (driver-owned refs):
+    what a train state lost with its worker is rebuilt from."""
+
+    step: int
+    stage: str
+    trajs: Any
+    rewards: Any
+    done: bool = False
 
 
 class CallKind(StrEnum):
@@ -103,6 +120,12 @@ class Call:
     helpers: tuple[int, ...] = ()  # a data-parallel model pass: its helpers' devices
     weights: Any = None  # a weight sync: the ObjectRef of the published weights
     worker: int | None = None  # the device whose worker runs it (None: a reward worker)
+    host: Any = None  # an offload: the ObjectRef of the host train state it returns
+    mark: int = 0  # an offload: the pipeline's replay passes its host copy includes
+    replay: Replay | None = None  # a model pass: its entry in the pipeline's replay
+    action: Any = None  # a task's call: the driver's action (relaunched after a restore)
+    epoch: int = 0  # the pipeline's epoch when it was submitted
+    seq: int = 0  # submission order
 
 
 class RunState:
@@ -121,6 +144,8 @@ class RunState:
         self.instant: list[Notification] = []  # due without waiting on any call
         self.events: list[Event] = []
         self.on_call: Callable[[Call], None] | None = None
+        self.launching: Any = None  # the action being launched (its calls keep it)
+        self.seq = 0
         self._t0: float | None = None
         self._t0_wall = 0.0
 
@@ -139,6 +164,10 @@ class RunState:
 
     # ------------------------------------------------------------------ calls
     def track(self, ref: Any, call: Call) -> None:
+        self.seq += 1
+        call.seq, call.epoch = self.seq, self.pipes[call.pipeline].epoch
+        if call.tid is not None and call.action is None:
+            call.action = self.launching
         self.calls[ref] = call
         if self.on_call is not None:
             self.on_call(call)

@@ -4,9 +4,13 @@ device worker is replaced on the same bundle and what it held is recovered or fa
 What happens when a device worker dies (:meth:`Recovery.device_died`):
 
 - a new worker starts on the dead one's bundle;
-- each pipeline whose train state was on it fails now (the run summary names it; ``--resume``
-  restarts it from its last checkpoint), with its calls and rollouts dropped; a pipeline with no
-  task in flight fails at its next task instead;
+- each pipeline whose train state was on it (or was being offloaded from it) has it rebuilt on
+  the new worker: its restore point — the host copy in the object store from its start or its
+  last offload that returned — is onloaded and every model pass run on it since is replayed
+  with the same inputs (driver-owned refs), then the tasks that died with the worker, and every
+  task of that pipeline that took the lost state as input, are launched again (a call
+  submitted before the rebuild that fails later is relaunched too: ``Pipe.epoch``);
+  ``recovered`` counts the states restored, the passes replayed and the tasks relaunched;
 - the other rollout slices that were queued or running on it died with it; the requests of every
   rank it ran go to a live rank of the same rollout (or the same rank, on the new worker):
   resumed from their latest checkpoints, or regenerated from their prompts
@@ -20,10 +24,13 @@ rollout that neither finishes nor fails would stall the driver.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from typing import Any
 
 from jigsawrl.driver.protocol import TaskFailed
 from jigsawrl.executors.raycluster.fleet import Fleet, first_line
 from jigsawrl.executors.raycluster.records import Call, CallKind, Pipe, RunState
+from jigsawrl.executors.raycluster.residency import Residency
 from jigsawrl.executors.raycluster.slices import Rollouts
 from jigsawrl.scheduler.base import task_id
 from jigsawrl.stages import Stage
@@ -32,12 +39,20 @@ log = logging.getLogger(__name__)
 
 
 class Recovery:
-    """Failed calls and dead workers (see the module docstring)."""
+    """Failed calls and dead workers (see the module docstring).
 
-    def __init__(self, state: RunState, fleet: Fleet, rollouts: Rollouts) -> None:
+    ``relaunch`` launches a driver action again (the executor's ``launch``): the tasks a dead
+    worker took with it run again once their pipeline's train state is rebuilt."""
+
+    def __init__(self, state: RunState, fleet: Fleet, rollouts: Rollouts, residency: Residency,
+                 relaunch: Callable[[Any], None]) -> None:
         self.state = state
         self.fleet = fleet
         self.rollouts = rollouts
+        self.residency = residency
+        self.relaunch = relaunch
+        rollouts.recovered.update(train_states_restored=0, passes_replayed=0,
+                                  tasks_relaunched=0)
 
     def failed(self, call: Call, exc: BaseException) -> None:
         """``call`` raised ``exc`` (a remote error, or its worker died)."""
@@ -45,8 +60,12 @@ class Recovery:
         if died:
             assert call.worker is not None
             self.device_died(call.worker, call)
-            if call.kind == CallKind.CHUNK:
-                return  # its requests were re-dispatched
+            return  # its requests were re-dispatched, its task relaunched or its pipeline failed
+        pipe = self.state.pipes[call.pipeline]
+        if call.epoch < pipe.epoch and call.action is not None and pipe.lost is None:
+            # submitted before its train state was rebuilt (it took the lost state as input)
+            self._relaunch([call])
+            return
         error = f"{type(exc).__name__}: {first_line(exc)}"
         log.error("%s/%d/%s failed: %s", call.pipeline, call.step, call.stage, error)
         self.fail_pipeline(call.pipeline, call.step, call.stage, error)
@@ -64,15 +83,51 @@ class Recovery:
                                            self.state.now_s, error))
 
     def device_died(self, index: int, failing: Call) -> None:
-        """Device ``index``'s worker died while running ``failing`` (see the module docstring)."""
+        """Device ``index``'s worker died while running ``failing`` (see the module docstring).
+
+        Its other calls are dropped; every train state it held, or was offloading, is rebuilt
+        on the new worker (:meth:`Residency.rebuild`) and the tasks it ran (and every other
+        task of those pipelines that took the lost state) are launched again, in submission
+        order; its rollout slices' requests go on elsewhere."""
         old = self.fleet.replace(index)
-        for name in old.resident:
-            self._lose(self.state.pipes[name], index, failing)
+        lost = [failing, *self.state.drop(lambda c: c.worker == index
+                                          and c.kind != CallKind.CHUNK)]
+        hit = set(old.resident) | {c.pipeline for c in lost
+                                   if c.host is not None and c.epoch == self._epoch(c)}
+        for name in sorted(hit):
+            pipe = self.state.pipes[name]
+            if pipe.lost is not None or pipe.restore_ref is None:
+                self._lose(pipe, index, failing)
+                continue
+            lost += self.state.drop(lambda c, n=name: c.pipeline == n
+                                    and c.kind != CallKind.CHUNK and c.worker is not None)
+            replayed = self.residency.rebuild(pipe, index)
+            self.rollouts.recovered["train_states_restored"] += 1
+            self.rollouts.recovered["passes_replayed"] += replayed
+            log.warning("%s: train state rebuilt on device %d's new worker from its host copy "
+                        "and %d replayed passes", name, index, replayed)
         self.state.drop(lambda c: c.kind == CallKind.CHUNK and c.worker == index)
+        self._relaunch([c for c in lost if c.kind != CallKind.CHUNK])
         self.rollouts.redispatch_device(index)
 
+    def _epoch(self, call: Call) -> int:
+        return self.state.pipes[call.pipeline].epoch
+
+    def _relaunch(self, calls: list[Call]) -> None:
+        """Launch the tasks of ``calls`` again (each once, in submission order)."""
+        seen: set[str] = set()
+        for call in sorted(calls, key=lambda c: c.seq):
+            if call.tid is None or call.action is None or call.tid in seen:
+                continue
+            seen.add(call.tid)
+            if self.state.pipes[call.pipeline].lost is not None:
+                continue
+            self.rollouts.recovered["tasks_relaunched"] += 1
+            log.warning("%s relaunched after a worker died", call.tid)
+            self.relaunch(call.action)
+
     def _lose(self, pipe: Pipe, index: int, failing: Call) -> None:
-        """``pipe``'s train state died with device ``index``'s worker."""
+        """``pipe``'s train state died with device ``index``'s worker and cannot be rebuilt."""
         pipe.loc = None
         pipe.lost = pipe.lost or (f"its train state was on device {index}, whose worker died; "
                                   "rerun with --resume to continue from the last checkpoint")

@@ -15,7 +15,7 @@ import logging
 from typing import Any
 
 from jigsawrl.driver.protocol import TaskDone
-from jigsawrl.executors.raycluster.messages import MoveResult
+from jigsawrl.executors.raycluster.messages import MoveResult, StageRequest
 from jigsawrl.executors.raycluster.records import Call, CallKind, Pipe, RunState
 from jigsawrl.scheduler.base import StartStage
 from jigsawrl.stages import Stage
@@ -73,7 +73,25 @@ class Residency:
         dev.resident.pop(pipe.name, None)
         pipe.loc, pipe.host_ref = None, host
         kind = CallKind.MOVE if tid is None else CallKind.STAGE
-        self.state.track(info, Call(kind, pipe.name, step, stage, (), 0.0, tid, worker=where))
+        self.state.track(info, Call(kind, pipe.name, step, stage, (), 0.0, tid, worker=where,
+                                    host=host, mark=len(pipe.replay)))
+
+    def rebuild(self, pipe: Pipe, device: int) -> int:
+        """Rebuild ``pipe``'s train state, lost with a dead worker, on ``device``'s (new)
+        worker: its restore point (the host copy of its start or last offload) onloaded, then
+        every model pass run on it since replayed with the same inputs. Returns the passes
+        replayed."""
+        pipe.loc, pipe.host_ref = None, pipe.restore_ref
+        pipe.replay = [e for e in pipe.replay if e.done]
+        pipe.epoch += 1
+        host = self.move_to(pipe, device)
+        passes = [(StageRequest(pipe.name, e.stage, e.step, 1), e.trajs, e.rewards)
+                  for e in pipe.replay]
+        synced = tuple(sorted({e.step for e in pipe.replay if e.step not in pipe.trajs}))
+        info = self.state.devs[device].actor.rebuild.remote(pipe.name, host, passes, synced)
+        self.state.track(info, Call(CallKind.MOVE, pipe.name, -1, Stage.ONLOAD, (device,), 0.0,
+                                    worker=device))
+        return len(passes)
 
     def busy_on(self, name: str, device: int) -> bool:
         """Whether a call of pipeline ``name`` is queued or running on ``device``'s worker."""
@@ -107,6 +125,10 @@ class Residency:
         self.record(call, res)
 
     def record(self, call: Call, res: MoveResult) -> None:
-        self.state.pipes[call.pipeline].state_bytes = res.state_bytes
+        pipe = self.state.pipes[call.pipeline]
+        pipe.state_bytes = res.state_bytes
+        if call.host is not None and call.epoch == pipe.epoch:  # an offload: the restore point
+            pipe.restore_ref = call.host
+            del pipe.replay[:call.mark]
         self.moves.append({"pipeline": call.pipeline, "stage": str(call.stage),
                            "bytes": res.state_bytes, "seconds": res.seconds})

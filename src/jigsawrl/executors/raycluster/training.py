@@ -22,7 +22,7 @@ from jigsawrl.executors.raycluster.messages import (
     StageResult,
     Timed,
 )
-from jigsawrl.executors.raycluster.records import Call, CallKind, Pipe, RunState
+from jigsawrl.executors.raycluster.records import Call, CallKind, Pipe, Replay, RunState
 from jigsawrl.executors.raycluster.residency import Residency
 from jigsawrl.executors.raycluster.rollouts import shard_bounds
 from jigsawrl.scheduler.base import StartStage
@@ -62,8 +62,10 @@ class Training:
                 ShardRequest(pipe.name, a.stage, lo, hi, threads), payload)
                 for d, (lo, hi) in zip(others, bounds[1:], strict=True)]]
         ref = actor.train_stage.remote(req, host, trajs, rewards, helpers)
+        entry = Replay(a.step, a.stage, trajs, rewards)
+        pipe.replay.append(entry)
         self.state.track(ref, Call(CallKind.STAGE, pipe.name, a.step, a.stage, (target,),
-                                   a.share, tid, helpers=others, worker=target))
+                                   a.share, tid, helpers=others, worker=target, replay=entry))
 
     def helper_devices(self, pipe: Pipe, stage: str, devices: tuple[int, ...],
                        target: int) -> tuple[int, ...]:
@@ -96,8 +98,10 @@ class Training:
         host = None if pipe.loc is not None else pipe.host_ref
         req = PublishRequest(pipe.name, done, str(ckpt_dir / pipe.name) if due and ckpt_dir
                              else None, due, meta)
+        # beside another pipeline's call, but behind a rebuild of this one's state there
+        group = None if self.residency.busy_on(pipe.name, where) else "control"
         info, weights = self.state.devs[where].actor.publish.options(
-            num_returns=2, concurrency_group="control").remote(req, host)
+            num_returns=2, concurrency_group=group).remote(req, host)
         self.state.track(info, Call(CallKind.STAGE, pipe.name, a.step, a.stage, (), 0.0, tid,
                                     weights=weights, worker=where))
 
@@ -106,6 +110,8 @@ class Training:
         """A task's call returned: its spans, what it produced, and its TaskDone."""
         pipe = self.state.pipes[call.pipeline]
         self.state.span(call, call.stage, res)
+        if call.replay is not None:
+            call.replay.done = True
         absolute = pipe.offset + call.step
         if isinstance(res, StageResult) and call.stage in MODEL_PASSES:
             # data-parallel helpers: a span on each one's device

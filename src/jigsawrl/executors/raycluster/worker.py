@@ -128,6 +128,14 @@ class DeviceWorker:
     def offload(self, name: str) -> tuple[MoveResult, TrainState]:
         return self.train.offload(name)
 
+    def rebuild(self, name: str, state: TrainState, passes: list[tuple[Any, Any, Any]],
+                synced: tuple[int, ...]) -> MoveResult:
+        """Rebuild a train state lost with another worker: onload ``state`` (its restore point)
+        and replay ``passes`` (``(StageRequest, trajectories ref, rewards ref)``, in order);
+        the batches of the ``synced`` steps are dropped after."""
+        return self.train.rebuild(name, state, [(r, ray.get(t), ray.get(w)) for r, t, w in passes],
+                                  synced)
+
     def train_stage(self, req: StageRequest, state: TrainState | None, trajectories: Any,
                     rewards: RewardResult, helpers: list[list[Any]] | None = None) -> StageResult:
         """A model pass (:meth:`.worker_train.TrainHost.run_stage`)."""

@@ -142,6 +142,17 @@ class TrainHost:
         return StageResult(t_start=t_start, t_end=wall_now(), tokens=tokens, threads=req.threads,
                            metrics=metrics, helpers=timings)
 
+    def rebuild(self, name: str, state: TrainState, passes: list[tuple[StageRequest, Any, Any]],
+                synced: tuple[int, ...]) -> MoveResult:
+        """Onload ``state`` and replay the model ``passes`` run on it since (the worker's
+        ``rebuild``); the batches of the ``synced`` steps are dropped after."""
+        moved = self.onload(name, state)
+        for req, trajectories, rewards in passes:
+            self.run_stage(req, None, trajectories, rewards)
+        for step in synced:
+            self.data.get(name, {}).pop(step, None)
+        return MoveResult(t_start=moved.t_start, t_end=wall_now(), state_bytes=moved.state_bytes)
+
     def shard_payload(self, req: StageRequest, state: TrainState | None, trajectories: Any,
                       rewards: Any) -> tuple[Timed, ShardPayload]:
         """What the data-parallel helpers of a model pass need (call with ``num_returns=2``)."""
