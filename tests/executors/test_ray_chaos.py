@@ -134,3 +134,37 @@ def test_seeded_random_kills_lose_nothing(shared_ray: Any, cache: Path) -> None:
     chaos = Chaos(plan, limit=2, spacing_s=2.0)
     summary, events = run_real(chaos_config(), cache_dir=cache, executor_hook=chaos.install)
     check_lossless(summary, events, chaos)
+
+
+def test_migration_source_killed_resumes_from_snapshots(shared_ray: Any, cache: Path) -> None:
+    """A DP-2 rollout migrates rank 1's requests to rank 0 (``MigratingVerl``); rank 1's worker
+    dies right before the export is asked of it. The destination's next slice fails on its lost
+    input; the exported requests resume there from their latest snapshots (or are regenerated)
+    and the step completes with every sample once."""
+    from test_ray_executor import MigratingVerl, one_pipeline_dp2, run_with_policy
+
+    killed: list[int] = []
+
+    def drill(ex: Any) -> None:
+        ex.checkpoint_s = 0.0
+        migrate = ex.rollouts.migrate
+
+        def kill_then_migrate(action: Any) -> None:
+            ro = ex.rollouts.active[action.task_id]
+            src = ro.ranks[action.src_ranks[0]].device
+            if not killed:
+                killed.append(src)
+                ex.kill_device(src, wait=True)
+            migrate(action)
+
+        ex.rollouts.migrate = kill_then_migrate
+
+    policy = MigratingVerl()
+    summary, events = run_with_policy(one_pipeline_dp2(), policy, cache, drill)
+    assert policy.done and killed, "the rollout never migrated"
+    assert summary["replaced_devices"] == killed
+    assert summary["failed_pipelines"] == []
+    check_run(summary, events, {"arithmetic": 1}, batch=4)
+    rec = summary["recovered"]
+    print("migration chaos:", rec)
+    assert rec["resumed"] + rec["regenerated"] >= 1, rec

@@ -126,6 +126,7 @@ class Call:
     action: Any = None  # a task's call: the driver's action (relaunched after a restore)
     epoch: int = 0  # the pipeline's epoch when it was submitted
     seq: int = 0  # submission order
+    sent: Any = None  # a slice: the (fresh indices, incoming) it took in
 
 
 class RunState:

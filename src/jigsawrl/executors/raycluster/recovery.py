@@ -61,6 +61,8 @@ class Recovery:
             assert call.worker is not None
             self.device_died(call.worker, call)
             return  # its requests were re-dispatched, its task relaunched or its pipeline failed
+        if call.kind == CallKind.CHUNK and self.rollouts.retry_lost_exports(call):
+            return  # a migration's source died: its requests resume from their snapshots
         pipe = self.state.pipes[call.pipeline]
         if call.epoch < pipe.epoch and call.action is not None and pipe.lost is None:
             # submitted before its train state was rebuilt (it took the lost state as input)

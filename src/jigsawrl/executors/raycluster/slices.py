@@ -45,6 +45,7 @@ class Rollouts:
         # requests of dead workers: resumed from a checkpoint, regenerated from the prompt, and
         # the sampled tokens the resumed ones kept
         self.recovered = {"resumed": 0, "regenerated": 0, "tokens_kept": 0}
+        self.exports: dict[Any, tuple[int, ...]] = {}  # export ref -> the requests it carries
 
     # ------------------------------------------------------------------ actions
     def launch(self, a: StartRollout, tid: str) -> None:
@@ -73,12 +74,13 @@ class Rollouts:
                            settings.threads_for(rank.share, len(rank.devices)), tuple(rank.fresh),
                            pipe.version, rank.force_reload, checkpoint)
         ref = dev.actor.gen_run.remote(req, weights, *rank.incoming)
+        sent = (tuple(rank.fresh), tuple(rank.incoming))
         dev.versions[pipe.name] = pipe.version
         rank.fresh, rank.incoming, rank.force_reload, rank.timer_at = [], [], False, None
         rank.inflight = ref
         self.state.track(ref, Call(CallKind.CHUNK, pipe.name, ro.step, Stage.ROLLOUT,
                                    rank.devices, rank.share, ro.tid, ro, rank,
-                                   worker=rank.device))
+                                   worker=rank.device, sent=sent))
 
     def set_share(self, action: SetShare) -> None:
         """A new share: a rollout rank's next slice (or the task's next call) uses it."""
@@ -99,12 +101,14 @@ class Rollouts:
             src = ro.ranks[r]
             if src.done:
                 continue
+            exported = tuple(i for i in ro.owned_by(src.index) if i not in src.fresh)
             moved = ro.move(src.index, dst.index)
             dst.fresh.extend(src.fresh)  # not started yet: start them on dst
             src.fresh = []
             export = self.state.devs[src.device].actor.gen_export.remote(ro.pipeline, ro.step,
                                                                          src.index)
             dst.incoming.append(export)
+            self.exports[export] = exported
             src.migrate_to = dst.index
             log.debug("%s: migrating %d requests rank %d -> %d", ro.tid, moved, src.index,
                       dst.index)
@@ -132,6 +136,9 @@ class Rollouts:
 
     # ------------------------------------------------------------------ results
     def chunk_done(self, call: Call, res: SliceResult) -> None:
+        for item in call.sent[1] if call.sent else ():
+            if not isinstance(item, list):
+                self.exports.pop(item, None)
         ro, rank = call.rollout, call.rank
         assert ro is not None and rank is not None
         rank.inflight = None
@@ -217,6 +224,41 @@ class Rollouts:
         if target is not rank:
             self.state.notes.append(RankProgress(ro.tid, rank.index, 0, DONE_BAND,
                                                  self.state.now_s, 0))
+
+    def retry_lost_exports(self, call: Call) -> bool:
+        """A slice failed on a live worker because a migration's export it took in was lost
+        (the source worker died before exporting): the exported requests resume on this rank
+        from their latest checkpoints (regenerated from their prompts if they have none), and
+        the slice is sent again with everything else it took in. False: not that case."""
+        ro, rank = call.rollout, call.rank
+        if ro is None or rank is None or call.sent is None or self.active.get(ro.tid) is not ro:
+            return False
+        fresh, incoming = call.sent
+        keep: list[Any] = []
+        lost: list[int] = []
+        for item in incoming:
+            if isinstance(item, list) or item not in self.exports:
+                keep.append(item)
+                continue
+            try:
+                ray.get(item, timeout=0)
+                keep.append(item)
+            except ray.exceptions.GetTimeoutError:
+                keep.append(item)
+            except Exception:  # noqa: BLE001 - its worker died: the export is gone
+                lost += self.exports.pop(item)
+        if not lost:
+            return False
+        pending = [i for i in lost if i not in ro.results and ro.owner.get(i) == rank.index]
+        resume = [ro.checkpoints[i] for i in pending if i in ro.checkpoints]
+        regen = [i for i in pending if i not in ro.checkpoints]
+        rank.fresh = [*fresh, *regen, *rank.fresh]
+        rank.incoming = [*keep, *([resume] if resume else []), *rank.incoming]
+        self._count_recovered(ro, rank, rank, resume, regen)
+        rank.done = False
+        if rank.inflight is None:
+            self.submit_chunk(ro, rank)
+        return True
 
     def _count_recovered(self, ro: RolloutRT, rank: RankRT, target: RankRT,
                          resume: list[tuple[Any, int]], fresh: list[int]) -> None:
