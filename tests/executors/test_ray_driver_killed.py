@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -82,3 +83,64 @@ def test_killed_driver_resumes_every_pipeline(tmp_path: Path) -> None:
         assert checkpoint_step(out, name) == STEPS
         steps = [m["step"] for m in summary["pipeline_metrics"][name]]
         assert steps == list(range(STEPS)), steps
+
+
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("warm")
+
+
+def run_events(out: Path) -> list[Any]:
+    from jigsawrl.metrics.rundir import EVENTS_FILE, read_events
+
+    return read_events(out / EVENTS_FILE)
+
+
+@pytest.mark.chaos
+@pytest.mark.slow  # ~2.5 min for the three: run by .ci/run (-m chaos)
+@pytest.mark.parametrize(("where", "stage", "nth"), [
+    ("mid-rollout", "rollout", 8), ("mid-update", "actor_update", 3),
+    ("mid-checkpoint", "weight_sync", 3)])
+def test_driver_killed_at_a_point_resumes_to_the_same_steps(
+        tmp_path: Path, shared_cache: Path, where: str, stage: str, nth: int) -> None:
+    """The driver stops right after submitting its ``nth`` call of ``stage`` (a rollout slice
+    running, an update running, a checkpoint being written: ``JIGSAWRL_DRILL_FREEZE``) and is
+    SIGKILLed with its Ray there; ``--resume`` then finishes every pipeline: the checkpoints
+    reach the last step, the metric history holds every step once, and the resumed run holds
+    exactly the samples of the steps it ran (each once)."""
+    from jigsawrl.events import SampleFinished, StepFinished
+
+    out, marker = tmp_path / "run", tmp_path / "stopped"
+    env = {**os.environ, "JIGSAWRL_CACHE": str(shared_cache), "HF_HUB_OFFLINE": "1"}
+    sets = [a for s in SETS for a in ("--set", s)]
+    args = jigsawrl_cmd("run", "configs/real/multi.yaml", "--ray", "--out", str(out), *sets)
+    first = subprocess.Popen(args, env={**env, "JIGSAWRL_DRILL_FREEZE":
+                                        f"{stage}:{nth}:{marker}"},
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+    deadline = time.monotonic() + 300
+    try:
+        while time.monotonic() < deadline and first.poll() is None and not marker.is_file():
+            time.sleep(0.1)
+        assert marker.is_file(), f"the drill never reached {where}"
+        time.sleep(0.3)  # the call it stopped at is running on its worker
+    finally:
+        kill_tree(first.pid)
+        first.wait()
+    done = {n: checkpoint_step(out, n) for n in ("arithmetic", "calculator")}
+    second = subprocess.run([*args, "--resume"], env=env, capture_output=True, text=True,
+                            timeout=300)
+    if min(done.values()) == 0 and "no checkpoint" in second.stderr.lower():
+        pytest.skip(f"{where}: killed before any checkpoint (nothing to resume)")
+    assert second.returncode == 0, second.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    resumed = summary["resumed_from"]
+    events = run_events(out)
+    for name in ("arithmetic", "calculator"):
+        assert checkpoint_step(out, name) == STEPS
+        assert [m["step"] for m in summary["pipeline_metrics"][name]] == list(range(STEPS))
+        ran = STEPS - resumed.get(name, 0)
+        assert resumed.get(name, 0) >= done[name]
+        assert sum(isinstance(e, StepFinished) and e.pipeline == name for e in events) == ran
+        ids = [e.sample_id for e in events if isinstance(e, SampleFinished) and e.pipeline == name]
+        assert len(ids) == len(set(ids)) == ran * 2 * 2, (name, len(ids), ran)

@@ -22,6 +22,7 @@ sampler is never sampled, because true lengths come from the engine.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -34,6 +35,7 @@ from jigsawrl.errors import ConfigError
 from jigsawrl.events import Event
 from jigsawrl.experiments.core import drive, make_policy, run_info, summarize_run
 from jigsawrl.experiments.resolve import resolve_real
+from jigsawrl.stages import Stage
 from jigsawrl.workload.experiment import Experiment
 
 log = logging.getLogger(__name__)
@@ -76,6 +78,38 @@ def checkpoint_offsets(cfg: ExperimentConfig, out_dir: Path | None) -> dict[str,
 
 
 CHECKPOINTS = "checkpoints"
+# Driver-kill drills (tests/executors/test_ray_driver_killed.py): "STAGE:N:PATH" makes the driver
+# write PATH and stop right after submitting its N-th worker call of STAGE, to be killed there.
+FREEZE_ENV = "JIGSAWRL_DRILL_FREEZE"
+FREEZE_S = 3600.0
+
+
+def freeze_drill(spec: str) -> Callable[[Any], None]:
+    """The executor hook of a driver-kill drill (:data:`FREEZE_ENV`): at the N-th worker call
+    of STAGE the driver writes PATH (``"STAGE N"``) and sleeps, its calls still running on the
+    workers (a rollout slice, an update, a checkpoint being written), until it is killed."""
+    stage_name, nth, path = spec.split(":", 2)
+    stage, count = Stage(stage_name), int(nth)
+    seen = [0]
+
+    def install(executor: Any) -> None:
+        before = executor.on_call
+
+        def on_call(call: Any) -> None:
+            if before is not None:
+                before(call)
+            if call.stage != stage:
+                return
+            seen[0] += 1
+            if seen[0] == count:
+                Path(path).write_text(f"{stage} {count}\n")
+                log.warning("drill: driver stopped at %s call %d, waiting to be killed",
+                            stage, count)
+                time.sleep(FREEZE_S)
+
+        executor.on_call = on_call
+
+    return install
 
 
 def _remaining(cfg: ExperimentConfig, offsets: Mapping[str, int]) -> ExperimentConfig | None:
@@ -146,6 +180,8 @@ def run_real(cfg: ExperimentConfig, *, policy: str | None = None, address: str |
                            offsets=offsets)
     if executor_hook is not None:
         executor_hook(executor)
+    if os.environ.get(FREEZE_ENV):
+        freeze_drill(os.environ[FREEZE_ENV])(executor)
     result = drive(exp, pol, executor, real_belief(exp), progress=on_progress)
     info = run_info(exp, name, executor="ray", name=cfg.name or "real-run")
     summary = summarize_run(result, info)
