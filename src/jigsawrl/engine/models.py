@@ -127,14 +127,7 @@ def load_local_model(path: str | Path) -> tuple[PreTrainedModel, PreTrainedToken
         InputError: missing directory; missing or malformed config.json; missing, corrupt or
             incomplete safetensors weights; no tokenizer; a tokenizer larger than the embedding.
     """
-    path = Path(path)
-    if not path.is_dir():
-        raise InputError("model directory not found", where=str(path),
-                         fix="pass a directory holding config.json, *.safetensors and a tokenizer")
-    _check_config_file(path / "config.json")
-    if not any(path.glob("*.safetensors")):
-        raise InputError("no *.safetensors weight file", where=str(path),
-                         fix="save the model with save_pretrained (safetensors is its default)")
+    path = _check_model_folder(Path(path))
     try:
         model, info = AutoModelForCausalLM.from_pretrained(
             str(path), local_files_only=True, dtype=torch.float32, output_loading_info=True
@@ -169,14 +162,7 @@ def inspect_local_model(path: str | Path) -> tuple[PreTrainedTokenizerBase, Any]
         InputError: missing folder, config.json or weights file; no tokenizer; a tokenizer
             with ids past config.json's ``vocab_size``.
     """
-    path = Path(path)
-    if not path.is_dir():
-        raise InputError("model directory not found", where=str(path),
-                         fix="pass a directory holding config.json, *.safetensors and a tokenizer")
-    _check_config_file(path / "config.json")
-    if not any(path.glob("*.safetensors")):
-        raise InputError("no *.safetensors weight file", where=str(path),
-                         fix="save the model with save_pretrained (safetensors is its default)")
+    path = _check_model_folder(Path(path))
     config = AutoConfig.from_pretrained(str(path), local_files_only=True)
     tokenizer = load_tokenizer(path)
     pad_with_eos(tokenizer)
@@ -201,6 +187,22 @@ def folder_fingerprint(path: str | Path) -> str:
             st = f.stat()
             h.update(f"{f.name}|{st.st_size}|{st.st_mtime_ns}".encode())
     return h.hexdigest()[:12]
+
+
+def _check_model_folder(path: Path) -> Path:
+    """``path`` if it is a model folder with a valid config.json and safetensors weights.
+
+    Raises:
+        InputError: a missing folder, config.json or weights file (names the fix).
+    """
+    if not path.is_dir():
+        raise InputError("model directory not found", where=str(path),
+                         fix="pass a directory holding config.json, *.safetensors and a tokenizer")
+    _check_config_file(path / "config.json")
+    if not any(path.glob("*.safetensors")):
+        raise InputError("no *.safetensors weight file", where=str(path),
+                         fix="save the model with save_pretrained (safetensors is its default)")
+    return path
 
 
 def _check_config_file(config_path: Path) -> None:
