@@ -1,7 +1,7 @@
 """Search: multi-turn retrieval (Search-R1 style) over the project's synthetic corpus.
 
 The model writes a query and stops at ``</search>``; the environment ranks the corpus of
-:mod:`jigsawrl.tasks.corpus` with BM25 and inserts the top-k documents as ``<doc>d1|d2</doc>``;
+:mod:`jigsawrl.tasks.corpus` with BM25 (``bm25s``; or densely, ``retriever: dense``) and inserts the top-k documents as ``<doc>d1|d2</doc>``;
 multi-hop questions need a second search that uses what the first one returned::
 
     prompt  "Q: capital of home of Mira?\\n"
@@ -43,7 +43,7 @@ from jigsawrl.tasks.base import (
     sample_examples,
     tool_guard,
 )
-from jigsawrl.tasks.corpus import BM25Index, World, make_world, tokenize
+from jigsawrl.tasks.corpus import World, make_index, make_world, tokenize
 
 PRESETS: dict[str, dict[str, Any]] = {
     "easy": {"num_lands": 8, "num_people": 16, "two_hop_fraction": 0.0, "top_k": 1},
@@ -83,6 +83,8 @@ class SearchTask(BaseTask):
         two_hop_fraction: share of two-hop questions; overrides the preset.
         top_k: documents returned per search (1..5); overrides the preset.
         corpus_seed: seed of the world (shared by every split and dataset seed).
+        retriever: ``"bm25"`` (default, ``bm25s``) or ``"dense"`` (FAISS over WordLlama
+            embeddings, the ``dense`` extra); see :mod:`jigsawrl.tasks.corpus`.
         test_fraction: share of the question space reserved for the test split.
         format_score, tool_latency_s, tool_latency_jitter: see :class:`BaseTask`.
     """
@@ -95,7 +97,7 @@ class SearchTask(BaseTask):
                  num_people: int | None = None, two_hop_fraction: float | None = None,
                  top_k: int | None = None, corpus_seed: int = 0, test_fraction: float = 0.2,
                  format_score: float = 0.1, tool_latency_s: float = 0.0,
-                 tool_latency_jitter: float = 0.0) -> None:
+                 tool_latency_jitter: float = 0.0, retriever: str = "bm25") -> None:
         super().__init__(tool_latency_s, tool_latency_jitter, format_score)
         p = resolve_preset(PRESETS, difficulty, num_lands=num_lands, num_people=num_people,
                            two_hop_fraction=two_hop_fraction, top_k=top_k)
@@ -106,7 +108,7 @@ class SearchTask(BaseTask):
         if not 0 < test_fraction < 1:
             raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
         self.world: World = make_world(p["num_lands"], p["num_people"], corpus_seed)
-        self.index = BM25Index(self.world.docs)
+        self.index = make_index(self.world.docs, retriever)
         self._lands = {x.name: x for x in self.world.lands}
         self._demo_docs: dict[str, str] = {}  # query -> tool text; demo queries are finitely many
         self.top_k: int = p["top_k"]
