@@ -12,7 +12,7 @@ from jigsawrl.config import validate_config
 from jigsawrl.costmodel import CostModel
 from jigsawrl.driver.loop import Driver
 from jigsawrl.errors import ConfigError
-from jigsawrl.events import SampleFinished, Span, StepFinished
+from jigsawrl.events import STREAMED_RANK, SampleFinished, Span, StepFinished
 from jigsawrl.executors.simulated import SimulatedExecutor
 from jigsawrl.experiments.resolve import resolve
 from jigsawrl.experiments.simulated import make_cost, run_once, simulate
@@ -73,13 +73,19 @@ def check_dependencies(spans: list[Span], steps: list[StepFinished],
     order = [Stage.ROLLOUT, *POST_ROLLOUT]
     for (pipe, step), ss in by.items():
         phase = {}
+        streamed = [s for s in ss if s.rank == STREAMED_RANK]
         for s in ss:
+            if s.rank == STREAMED_RANK:  # a pass streamed during its step's rollout: below
+                continue
             key = Stage.ROLLOUT if s.stage in ROLLOUT_BANDS else s.stage
             lo, hi = phase.get(key, (s.start_s, s.end_s))
             phase[key] = (min(lo, s.start_s), max(hi, s.end_s))
         seq = [phase[k] for k in order if k in phase]
         for (_, a_end), (b_start, _) in zip(seq, seq[1:], strict=False):
             assert b_start >= a_end - 1e-9, f"{pipe}/{step}: stage before its predecessor"
+        for s in streamed:  # streamed passes run within their rollout, on finished groups
+            lo, hi = phase[Stage.ROLLOUT]
+            assert lo - 1e-9 <= s.start_s and s.end_s <= hi + 1e-9, f"{pipe}/{step}: streamed"
     ends = {(e.pipeline, e.step): e.end_s for e in steps}
     for (pipe, step), ss in by.items():
         dep = step - 1 - (eta or {}).get(pipe, 0)

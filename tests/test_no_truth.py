@@ -136,7 +136,7 @@ def test_skew_aware_dispatch_ignores_the_sampled_lengths() -> None:
         ex.step_requests = lambda p, s, reqs=reqs: reqs  # type: ignore[method-assign]
         seen: list[list[list[str]]] = []
         ex.sim.start_rollout = (  # type: ignore[method-assign]
-            lambda *args, seen=seen: seen.append([[r.sample_id for r in c] for c in args[-1]]))
+            lambda *args, seen=seen, **_: seen.append([[r.sample_id for r in c] for c in args[-1]]))
         ex.launch(StartRollout(pipe.spec.name, 0, (0, 1, 2, 3), 1, dispatch="skew_aware",
                                ranker=ranker))
         got.append(seen[0])

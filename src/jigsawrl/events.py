@@ -13,6 +13,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+# The rank of a span of a post-rollout pass computed while its step's rollout still ran
+# (StreamRL's streaming of finished groups into training, ``jigsawrl.sim.stream``): the one
+# kind of span allowed to overlap its step's rollout.
+STREAMED_RANK = -1
+
 
 @dataclass(frozen=True, slots=True)
 class Span:

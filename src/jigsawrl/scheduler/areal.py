@@ -28,10 +28,14 @@ trainer consume finished batches. What is modelled here, and how:
 - **Dispatch** is ``contiguous``: AReaL submits requests to its servers without a length ranker.
 - **Training** consumes finished steps in order on the training pool; weight sync runs there.
 
-*Known gap:* AReaL forms a training batch from the first ``batch`` trajectories to finish, so a
-long-tail sample slips into a later batch instead of delaying this one. The executor batches by
-step, so here the training of step k waits for all of step k's samples (the in-flight rollouts of
-later steps keep the rollout pool busy meanwhile). Modelling it needs sample-level batches.
+- **First-B batches.** AReaL forms a training batch from the first ``batch`` trajectories to
+  finish, so a long-tail sample slips into a later batch instead of delaying this one: an async
+  pipeline's rollouts start with ``first_b`` (:mod:`jigsawrl.sim.batching`). A rollout is done
+  when its pipeline's first ``batch_size`` GRPO groups have finished, from any of its in-flight
+  rollouts (a group, not a single response: GRPO's advantage needs the whole group); its
+  unfinished requests carry over into the next rollout, resumed with their tokens (re-prefill).
+  Sync pipelines (η = 0) keep whole-step batches: carrying a sample into the next step would make
+  their training off-policy.
 """
 
 from __future__ import annotations
@@ -61,6 +65,10 @@ class ArealPolicy(DisaggregatedPolicy):
     def rollout_slots(self, pv: PipelineView) -> int:
         """η + 1 rollouts of an async pipeline may be in flight; a sync one has one."""
         return staleness_slots(pv)
+
+    def first_b(self, pv: PipelineView) -> bool:
+        """Async pipelines train on the first B finished groups (module docstring)."""
+        return pv.spec.mode == "async"
 
     def pre_actions(self, view: View) -> list[Action]:
         """Interrupt a pipeline's in-flight rollouts when its new weights have arrived."""

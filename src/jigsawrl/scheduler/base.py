@@ -65,6 +65,14 @@ class StartRollout:
     prompts by predicted length and deals them longest-first). ``ranker`` is the policy's
     predictor for ``skew_aware`` (:class:`~jigsawrl.scheduler.ranker.LengthRanker`, fitted on
     history; the executor evaluates it on prompt lengths only; None: every request alike).
+
+    ``stream_devices`` (StreamRL): finished GRPO groups go through the trainer on these devices
+    while the rollout runs (old/ref log-probs, actor forward-backward), yielding to any stage
+    started there; the post-rollout stages then cost only the rest. ``first_b`` (AReaL): the
+    rollout is done when its pipeline's first ``batch_size`` groups have finished, from any of
+    its rollouts; its unfinished requests carry over into the next rollout. Both are modelled by
+    the simulator only (``jigsawrl.sim.stream``, ``jigsawrl.sim.batching``); the Ray executor
+    runs such a rollout as a plain one and says so in its log.
     """
 
     pipeline: str
@@ -75,6 +83,8 @@ class StartRollout:
     kv_mem_bytes: float = 0.0  # per device, reserved for the KV cache while the rollout runs
     dispatch: str = "contiguous"
     ranker: LengthRanker | None = None
+    stream_devices: tuple[int, ...] = ()
+    first_b: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,8 +27,12 @@ after every update. What is modelled here, and how:
   rollout service generates one batch (one weight version) at a time per pipeline, as one-step
   semi-async systems do (several versions in flight is AReaL's contribution, see
   :mod:`jigsawrl.scheduler.areal`). Sync pipelines run disaggregated and
-  synchronously. *Known gap:* StreamRL's sample streaming into the trainer within a step (dynamic
-  batch pipelining) is not modelled — training starts when the whole batch is generated.
+  synchronously.
+- **Streaming within a step** (dynamic-batch pipelining): each rollout streams its finished GRPO
+  groups into its training pool, which computes their old/ref log-probs and the actor's
+  forward-backward while the rollout's tail still runs (``StartRollout.stream_devices``;
+  modelled by :mod:`jigsawrl.sim.stream`, which yields to any stage run on that pool), so that
+  after the last sample only the rest and the optimizer step remain.
 - **Skew-aware dispatch.** Rollouts use ``dispatch="skew_aware"`` with a length ranker fitted on
   the pipeline's history and evaluated on prompt lengths (:mod:`jigsawrl.scheduler.ranker`); it
   never sees a sampled length, so on preset workloads (prompt length independent of response
@@ -256,6 +260,15 @@ class DisaggregatedPolicy(PolicyBase):
         """Actions before any start (AReaL's interrupts)."""
         return []
 
+    def stream_devices(self, pv: PipelineView) -> tuple[int, ...]:
+        """Where a rollout's finished groups are streamed into training while it runs
+        (StreamRL: its training pool; the simulator pauses streaming while a stage runs there)."""
+        return ()
+
+    def first_b(self, pv: PipelineView) -> bool:
+        """Whether a rollout is done with its pipeline's first B finished groups (AReaL)."""
+        return False
+
     # ------------------------------------------------------------------ decide
     def decide(self, view: View) -> Decision:
         if self.placement == "auto" or self.allocation is None:
@@ -363,7 +376,8 @@ class DisaggregatedPolicy(PolicyBase):
             self._started[pv.name] += 1
             ranker = LengthRanker.fit(pv.history) if self.dispatch == "skew_aware" else None
             out.append(StartRollout(pv.name, step, devs, pv.spec.rollout_tp, share,
-                                    self._kv_bytes(view, pv), self.dispatch, ranker))
+                                    self._kv_bytes(view, pv), self.dispatch, ranker,
+                                    self.stream_devices(pv), self.first_b(pv)))
         return out
 
     def _kv_bytes(self, view: View, pv: PipelineView) -> float:
@@ -394,3 +408,7 @@ class StreamRLPolicy(DisaggregatedPolicy):
 
     family = "streamrl"
     dispatch = "skew_aware"
+
+    def stream_devices(self, pv: PipelineView) -> tuple[int, ...]:
+        """StreamRL's dynamic-batch pipelining: finished groups go to the training pool."""
+        return self.pools(pv.name).train

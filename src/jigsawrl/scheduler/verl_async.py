@@ -12,7 +12,9 @@ own devices beside the trainer, and both are the disaggregated machinery of
   synchronously).
 - **fully-async** (``recipe/fully_async_policy``): the rollouter streams on its own devices up to
   the pipeline's ``max_staleness`` versions ahead (η + 1 batches in flight, the rollout devices'
-  compute split between them, as under ``areal``), the trainer consuming whole steps in order.
+  compute split between them, as under ``areal``); the trainer takes samples from the
+  rollouter's queue as they finish, so an async pipeline's batch is its first B finished
+  groups, as under ``areal`` (``StartRollout.first_b``).
   Partial rollout (abort and resume on new weights) is off: here it only adds re-prefill time
   (its benefit is fresher samples, an algorithmic effect), so off is the stronger reading.
 
@@ -88,6 +90,10 @@ class VerlFullyAsyncPolicy(VerlAsyncRecipe):
 
     def rollout_slots(self, pv: PipelineView) -> int:
         return staleness_slots(pv)
+
+    def first_b(self, pv: PipelineView) -> bool:
+        """The trainer consumes the rollouter's queue of finished samples (module docstring)."""
+        return pv.spec.mode == "async"
 
 
 def async_recipes(gpu_memory_utilization: float = ROLLOUT_MEM_FRACTION) -> list[DisaggregatedPolicy]:

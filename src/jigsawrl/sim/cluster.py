@@ -20,6 +20,7 @@ from jigsawrl.sim.contention import BandwidthContention
 from jigsawrl.sim.kernel import EventQueue
 from jigsawrl.sim.listener import SimListener
 from jigsawrl.sim.rollout_task import RolloutRuntime
+from jigsawrl.sim.stream import StreamRuntime
 from jigsawrl.sim.works import WorkRuntime
 from jigsawrl.workload.experiment import ResolvedPipeline
 from jigsawrl.workload.requests import RequestTruth
@@ -38,9 +39,22 @@ class SimCluster:
         self.q = EventQueue()
         self.events: list[Event] = []
         self.contention = BandwidthContention(num_devices, cost)
-        self.rollouts = RolloutRuntime(self.q, cost, self.contention, self.events, listener)
+        self.streams = StreamRuntime(self.q, cost, self.events, self._works_on)
+        self.rollouts = RolloutRuntime(self.q, cost, self.contention, self.events, listener,
+                                       self.streams)
         self.works = WorkRuntime(self.q, cost, self.contention, self.events, listener,
-                                 self.rollouts.step_lens, num_devices)
+                                 self.rollouts.step_lens, num_devices, self.streams.streamed)
+
+    def _works_on(self, devices: tuple[int, ...]) -> bool:
+        """Whether a compute work runs on any of ``devices`` (a stream server yields to it)."""
+        devs = set(devices)
+        return any(devs.intersection(w.devices) for w in self.works.works.values())
+
+    def _settle(self) -> None:
+        """After an action or event: re-time contended decodes, pause or resume streaming."""
+        self.rollouts.refresh()
+        if self.streams.servers:
+            self.streams.poll()
 
     @property
     def now_s(self) -> float:
@@ -59,17 +73,20 @@ class SimCluster:
     # ------------------------------------------------------------------ actions
     def start_rollout(self, tid: str, pipe: ResolvedPipeline, step: int,
                       devices: tuple[int, ...], tp: int, share: float, kv_mem_bytes: float,
-                      chunks: list[list[RequestTruth]]) -> None:
+                      chunks: list[list[RequestTruth]], *, first_b: bool = False,
+                      stream_devices: tuple[int, ...] = ()) -> None:
         """Start a rollout: rank ``r`` runs ``chunks[r]`` on its TP group of ``devices``, with
-        ``kv_mem_bytes`` of KV cache per device."""
-        self.rollouts.start(tid, pipe, step, devices, tp, share, kv_mem_bytes, chunks)
-        self.rollouts.refresh()
+        ``kv_mem_bytes`` of KV cache per device (``first_b``, ``stream_devices``: see
+        :meth:`~.rollout_task.RolloutRuntime.start`)."""
+        self.rollouts.start(tid, pipe, step, devices, tp, share, kv_mem_bytes, chunks,
+                            first_b=first_b, stream_devices=stream_devices)
+        self._settle()
 
     def start_work(self, tid: str, pipe: ResolvedPipeline, step: int, stage: str,
                    devices: tuple[int, ...], share: float) -> None:
         """Start a post-rollout stage or a train-state move."""
         self.works.start(tid, pipe, step, stage, devices, share)
-        self.rollouts.refresh()
+        self._settle()
 
     def set_share(self, tid: str, share: float, rank: int | None = None) -> None:
         """New compute share of a running work, or of a rollout's rank (``None``: all ranks).
@@ -83,12 +100,12 @@ class SimCluster:
             self.rollouts.set_share(tid, share, rank)
         else:
             raise KeyError(f"set_share: no running task {tid!r}")
-        self.rollouts.refresh()
+        self._settle()
 
     def migrate(self, tid: str, src_ranks: tuple[int, ...], dst_rank: int) -> None:
         """Move the unfinished requests of ``src_ranks`` onto ``dst_rank`` (re-prefill there)."""
         self.rollouts.migrate(tid, src_ranks, dst_rank)
-        self.rollouts.refresh()
+        self._settle()
 
     def interrupt(self, tid: str) -> None:
         """Abort and resume in place every in-flight request of rollout ``tid``."""
@@ -102,5 +119,5 @@ class SimCluster:
             return False
         handler, *args = entry.payload
         handler(*args)
-        self.rollouts.refresh()
+        self._settle()
         return True

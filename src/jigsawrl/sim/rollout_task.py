@@ -15,64 +15,27 @@ traces small without losing band changes. A rank reports its unfinished count wh
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 
 from jigsawrl.costmodel.protocol import CostModelProtocol
 from jigsawrl.events import Event, SampleFinished, Span
+from jigsawrl.sim.batching import Finished, FirstBatches, GroupTracker
 from jigsawrl.sim.contention import BandwidthContention
-from jigsawrl.sim.kernel import PRIO_ARRIVAL, PRIO_FINISH, PRIO_WAKE, Entry, EventQueue
+from jigsawrl.sim.kernel import PRIO_ARRIVAL, PRIO_FINISH, PRIO_WAKE, EventQueue
 from jigsawrl.sim.listener import SimListener
 from jigsawrl.sim.rollout import ReqRun, RolloutInstance, Segment, SegmentResult
+from jigsawrl.sim.rollout_first_b import FirstBatchMixin
+from jigsawrl.sim.rollout_state import DONE_BAND, OpenSpan, RankRun, RolloutTask
+from jigsawrl.sim.stream import StreamRuntime
 from jigsawrl.stages import Stage
 from jigsawrl.workload.experiment import ResolvedPipeline
 from jigsawrl.workload.requests import RequestTruth
 
 log = logging.getLogger(__name__)
 
-# The band a rank reports once it has no unfinished request (not a sub-stage: no span has it).
-DONE_BAND = "done"
+__all__ = ["DONE_BAND", "RolloutRuntime"]
 
 
-@dataclass(slots=True)
-class OpenSpan:
-    """The span a rank is extending: one sub-stage at one share since ``start_s``."""
-
-    stage: str
-    start_s: float
-    share: float
-    flops: float = 0.0
-    tokens: int = 0
-
-
-@dataclass(slots=True, eq=False)
-class RankRun:
-    """One data-parallel rank of a running rollout: its instance, devices and planned segment."""
-
-    inst: RolloutInstance
-    devices: tuple[int, ...]
-    share: float
-    seg: Segment | None = None
-    entry: Entry | None = None
-    open: OpenSpan | None = None
-    last_unfinished: int = -1
-    wake: Entry | None = None  # pending re-plan after tool results (one per instant)
-    redirect: RankRun | None = None  # after migration: where this rank's tool results go
-    kappa: float = 1.0  # memory-bandwidth contention on its devices when its segment was planned
-    index: int = 0  # rank number within its rollout
-
-
-@dataclass(slots=True, eq=False)
-class RolloutTask:
-    """A running rollout: one step of one pipeline over its ranks."""
-
-    tid: str
-    pipe: ResolvedPipeline
-    step: int
-    ranks: list[RankRun]
-    samples: list[ReqRun] = field(default_factory=list)
-
-
-class RolloutRuntime:
+class RolloutRuntime(FirstBatchMixin):
     """Runs rollout tasks on the event queue (see the module docstring).
 
     Args:
@@ -81,34 +44,51 @@ class RolloutRuntime:
         contention: the pool's bandwidth contention (shared with compute works).
         events: where metric records go (shared with compute works).
         listener: where rank progress and finished rollouts are reported.
+        streams: the streaming trainers of rollouts started with stream devices.
     """
 
     def __init__(self, q: EventQueue, cost: CostModelProtocol, contention: BandwidthContention,
-                 events: list[Event], listener: SimListener) -> None:
+                 events: list[Event], listener: SimListener, streams: StreamRuntime) -> None:
         self.q = q
         self.cost = cost
         self.contention = contention
         self.events = events
         self.listener = listener
+        self.streams = streams
         self.tasks: dict[str, RolloutTask] = {}
+        self.first_batches: dict[str, FirstBatches] = {}  # per pipeline (first-B rollouts)
+        self._parked: dict[str, list[RolloutTask]] = {}  # cut first-B rollouts with leftovers
+        self._cut_due: set[str] = set()
         # prompt + response tokens of each finished step's sequences, in batch order
         self.step_lens: dict[tuple[str, int], tuple[int, ...]] = {}
 
     # ------------------------------------------------------------------ actions
     def start(self, tid: str, pipe: ResolvedPipeline, step: int, devices: tuple[int, ...],
               tp: int, share: float, kv_mem_bytes: float,
-              chunks: list[list[RequestTruth]]) -> None:
-        """Start a rollout whose rank ``r`` runs ``chunks[r]`` on ``devices[r*tp:(r+1)*tp]``."""
+              chunks: list[list[RequestTruth]], *, first_b: bool = False,
+              stream_devices: tuple[int, ...] = ()) -> None:
+        """Start a rollout whose rank ``r`` runs ``chunks[r]`` on ``devices[r*tp:(r+1)*tp]``.
+
+        ``first_b``: AReaL's first-B batches (:mod:`.batching`). ``stream_devices``: StreamRL's
+        streaming of finished groups into a trainer on those devices (:mod:`.stream`).
+        """
         kv_tokens = self.cost.kv_budget_tokens(pipe.model, tp, kv_mem_bytes)
-        task = RolloutTask(tid, pipe, step, [])
+        task = RolloutTask(tid, pipe, step, [], first_b=first_b)
         for r, chunk in enumerate(chunks):
             inst = RolloutInstance(f"{tid}/{r}", pipe.model, tp, self.cost,
                                    kv_budget_tokens=max(1, kv_tokens))
             inst.add(chunk)
-            task.ranks.append(RankRun(inst, devices[r * tp:(r + 1) * tp], share, index=r))
+            task.ranks.append(RankRun(inst, devices[r * tp:(r + 1) * tp], share, index=r,
+                                      owner=task))
+        reqs = [t for chunk in chunks for t in chunk]
+        if stream_devices:
+            task.groups = GroupTracker(reqs)
+            self.streams.open(tid, pipe, step, stream_devices)
         self.tasks[tid] = task
         for rank in task.ranks:
             self._plan_rank(task, rank)
+        if first_b:
+            self._first_b_started(task, reqs)
 
     def set_share(self, tid: str, share: float, rank: int | None) -> None:
         """New compute share for one rank of ``tid`` (``None``: every rank still running)."""
@@ -118,6 +98,7 @@ class RolloutRuntime:
             if rk.redirect is None:
                 self._rescale_rank(task, rk, share)
 
+    # ------------------------------------------------------------------ actions
     def migrate(self, tid: str, src_ranks: tuple[int, ...], dst_rank: int) -> None:
         """Move the unfinished requests of ``src_ranks`` onto ``dst_rank`` (re-prefill there)."""
         task = self.tasks[tid]
@@ -181,7 +162,7 @@ class RolloutRuntime:
         else:
             self._close_span(task, rank, now)
         self._report_progress(task, rank)
-        if seg is None and all(rk.inst.done for rk in task.ranks):
+        if seg is None and not task.first_b and all(rk.inst.done for rk in task.ranks):
             self._finish(task)
 
     def _replan(self, task: RolloutTask, rank: RankRun) -> None:
@@ -259,10 +240,16 @@ class RolloutRuntime:
     def _apply_result(self, task: RolloutTask, rank: RankRun, res: SegmentResult) -> None:
         now = self.q.now_s
         for r in res.finished:
+            if task.first_b:
+                self._first_b_finished(task, Finished(r.truth, now, task.step))
+                continue
             task.samples.append(r)
             self.events.append(SampleFinished(
                 task.pipe.spec.name, task.step, r.truth.sample_id, now, r.truth.prompt_tokens,
                 r.truth.response_tokens, len(r.truth.turns), task.step))
+            group = task.groups.add(Finished(r.truth, now, task.step)) if task.groups else None
+            if group is not None:
+                self.streams.group_finished(task.tid, group)
         for r in res.tool_calls:
             lat = r.truth.turns[r.turn - 1].tool_latency_s
             self.q.schedule(now + lat, (self._on_tool_return, task, rank, r), PRIO_ARRIVAL)
@@ -271,12 +258,15 @@ class RolloutRuntime:
         # Results arriving at the same instant are admitted together: re-plan once, after them.
         while rank.redirect is not None:  # the request's rank was migrated away
             rank = rank.redirect
+        task = rank.owner or task
         rank.inst.tool_returned(req)
-        if rank.wake is None:
+        if rank.wake is None and not task.closed:
             rank.wake = self.q.schedule(self.q.now_s, (self._on_wake, task, rank), PRIO_WAKE)
 
     def _on_wake(self, task: RolloutTask, rank: RankRun) -> None:
         rank.wake = None
+        if task.closed:  # a cut first-B rollout: the request waits for the next one
+            return
         if rank.seg is None:
             self._plan_rank(task, rank)
         elif rank.seg.iters:  # decoding: the new request joins at the next iteration
@@ -294,9 +284,14 @@ class RolloutRuntime:
 
     def _finish(self, task: RolloutTask) -> None:
         del self.tasks[task.tid]
-        samples = sorted(task.samples, key=lambda r: r.truth.sample_id)
-        prompt = tuple(r.truth.prompt_tokens for r in samples)
-        resp = tuple(r.truth.response_tokens for r in samples)
+        self._report_done(task, sorted((r.truth for r in task.samples),
+                                       key=lambda t: t.sample_id))
+
+    def _report_done(self, task: RolloutTask, samples: list[RequestTruth]) -> None:
+        """The rollout's training batch is ``samples``: keep their lengths, tell the owner."""
+        self.streams.close(task.tid)
+        prompt = tuple(t.prompt_tokens for t in samples)
+        resp = tuple(t.response_tokens for t in samples)
         self.step_lens[(task.pipe.spec.name, task.step)] = tuple(
             p + r for p, r in zip(prompt, resp, strict=True))
         self.listener.task_done(task.tid, task.pipe.spec.name, task.step, Stage.ROLLOUT,

@@ -11,7 +11,8 @@ rollout's sequence lengths.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from jigsawrl.costmodel.protocol import CostModelProtocol
@@ -86,11 +87,14 @@ class WorkRuntime:
         listener: where finished works are reported.
         step_lens: ``(pipeline, step) -> sequence lengths`` of finished rollouts.
         num_devices: devices of the pool (what a host stage naming no device is costed on).
+        streamed: ``(pipeline, step, stage) ->`` the sequence lengths streaming already put
+            through that stage (:mod:`.stream`); a work costs only the rest.
     """
 
     def __init__(self, q: EventQueue, cost: CostModelProtocol, contention: BandwidthContention,
                  events: list[Event], listener: SimListener,
-                 step_lens: Mapping[tuple[str, int], tuple[int, ...]], num_devices: int) -> None:
+                 step_lens: Mapping[tuple[str, int], tuple[int, ...]], num_devices: int,
+                 streamed: Callable[[str, int, str], Counter[int]] | None = None) -> None:
         self.q = q
         self.cost = cost
         self.contention = contention
@@ -98,6 +102,7 @@ class WorkRuntime:
         self.listener = listener
         self.step_lens = step_lens
         self.num_devices = num_devices
+        self.streamed = streamed
         self.works: dict[str, Work] = {}
 
     def start(self, tid: str, pipe: ResolvedPipeline, step: int, stage: str,
@@ -105,7 +110,12 @@ class WorkRuntime:
         """Start ``stage`` of ``pipe``'s ``step`` on ``devices`` at ``share``."""
         n = len(devices) or self.num_devices  # a host stage may name no device
         lens = self.step_lens.get((pipe.spec.name, step), ())
+        done = self.streamed(pipe.spec.name, step, stage) if self.streamed else Counter()
+        if done:
+            lens = tuple((Counter(lens) - done).elements())
         full_s, flops, tokens = stage_cost(self.cost, pipe, stage, n, lens)
+        if done and stage == Stage.ACTOR_UPDATE and not lens:  # the optimizer step is left
+            full_s = self.cost.train_time_s(pipe.model, n, 1)
         full_s += self.cost.dispatch_time_s(pipe.model, stage, n)
         w = Work(tid, pipe, step, stage, devices, share, full_s, self.q.now_s, flops,
                  tokens, total_full_s=full_s, span_start_s=self.q.now_s)
