@@ -136,7 +136,7 @@ def test_schema_walk_covers_every_section_and_key() -> None:
             "name"} <= paths
     assert set(SECTIONS) == {"", "cluster", "pipelines.0", "pipelines.0.rollout",
                              "pipelines.0.train", "pipelines.0.data",
-                             "pipelines.0.custom_reward_function", "scheduler"}
+                             "pipelines.0.custom_reward_function", "scheduler", "trainer"}
     assert len(CASES) == len(FIELDS) * len(BAD) + len(SECTIONS)
 
 

@@ -258,11 +258,41 @@ class SchedulerSpec(_Strict):
         return _finite_tree(value)
 
 
+LOGGERS = ("console", "tensorboard", "wandb")
+
+
+class TrainerSpec(_Strict):
+    """Run-wide tracking, in verl's spelling (``trainer.logger``, ``trainer.project_name``):
+    where each pipeline's per-step metrics go (``experiments/loggers.py``). verl's other
+    backends (mlflow, swanlab, ...) are not offered."""
+
+    logger: list[str] = Field(["console", "tensorboard"],
+                              description="where each step's metrics go (verl's trainer.logger)")
+    project_name: str = Field("jigsawrl", min_length=1, max_length=128,
+                              description="the Weights & Biases project")
+
+    @field_validator("logger", mode="before")
+    @classmethod
+    def _one_or_list(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value  # verl takes a single name too
+
+    @field_validator("logger")
+    @classmethod
+    def _known(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if name not in LOGGERS:
+                close = difflib.get_close_matches(name, LOGGERS, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ValueError(f"unknown logger {name!r}{hint}; allowed: {', '.join(LOGGERS)}")
+        return list(dict.fromkeys(value))
+
+
 class ExperimentConfig(_Strict):
     cluster: ClusterSpec = Field(ClusterSpec(), description="the accelerator pool")
     pipelines: list[PipelineSpec] = Field(min_length=1, max_length=MAX_PIPELINES,
                                           description="the RL pipelines")
     scheduler: SchedulerSpec = Field(SchedulerSpec(), description="the multiplexing policy")
+    trainer: TrainerSpec = Field(TrainerSpec(), description="metric loggers (verl's trainer.logger)")
     seed: int = Field(0, ge=0, le=MAX_SEED, description="seed of the sampled workload")
     name: str | None = Field(None, min_length=1, max_length=128, pattern=NAME_PATTERN,
                              description="run name, default: the config file's stem")

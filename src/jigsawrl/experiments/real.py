@@ -34,6 +34,7 @@ from jigsawrl.costmodel.cpu import cpu_worker_params
 from jigsawrl.errors import ConfigError
 from jigsawrl.events import Event
 from jigsawrl.experiments.core import drive, make_policy, run_info, summarize_run
+from jigsawrl.experiments.loggers import StepFeed, Tracking, log_step_timings
 from jigsawrl.experiments.resolve import resolve_real
 from jigsawrl.stages import Stage
 from jigsawrl.workload.experiment import Experiment
@@ -133,9 +134,10 @@ def run_real(cfg: ExperimentConfig, *, policy: str | None = None, address: str |
         cfg: the experiment (``cluster.accelerator: cpu-worker``, engine presets, real tasks).
         policy: scheduler name (default ``cfg.scheduler.name``, with its params).
         address: a running Ray cluster; None starts a local one for the run.
-        out_dir: write the run folder (summary, events, trace, timeline) and the pipelines'
+        out_dir: write the run folder (summary, events, trace, timeline), the pipelines'
             checkpoints (``checkpoints/<pipeline>``, every ``train.checkpoint_every`` steps and
-            at the end) there.
+            at the end) and the ``trainer.logger`` output (``tb/<pipeline>/``, ``wandb/``;
+            :mod:`jigsawrl.experiments.loggers`) there.
         cache_dir: warm-start cache (None: ``$JIGSAWRL_CACHE`` or ``~/.cache/jigsawrl``).
         threads_per_device: torch threads a full share of one logical device maps to.
         reward_fns: test hook — pipeline name -> reward function replacing its task's reward.
@@ -153,7 +155,8 @@ def run_real(cfg: ExperimentConfig, *, policy: str | None = None, address: str |
         workers resumed from checkpoints / regenerated, and the sampled tokens kept).
 
     Raises:
-        ConfigError: see :func:`resolve_real`; also ``verl`` (auto), which needs two runs.
+        ConfigError: see :func:`resolve_real`; also ``verl`` (auto), which needs two runs, and
+            ``trainer.logger: [wandb]`` without wandb installed.
         InputError: ``resume`` without a checkpoint.
         jigsawrl.driver.loop.SchedulerStalled: the policy started nothing while nothing ran.
     """
@@ -173,6 +176,7 @@ def run_real(cfg: ExperimentConfig, *, policy: str | None = None, address: str |
     if len(pol.variants()) > 1:
         raise ConfigError(f"{name!r} compares several placements, one real run each",
                           where="scheduler.name", fix="use verl-split or verl-serial")
+    tracking = Tracking.from_config(full_cfg, out_dir, run_name=cfg.name or "real-run")
     executor = RayExecutor(exp, address=address, threads_per_device=threads_per_device,
                            cache_dir=cache_dir, reward_fns=reward_fns,
                            strict_rewards=strict_rewards,
@@ -182,7 +186,19 @@ def run_real(cfg: ExperimentConfig, *, policy: str | None = None, address: str |
         executor_hook(executor)
     if os.environ.get(FREEZE_ENV):
         freeze_drill(os.environ[FREEZE_ENV])(executor)
-    result = drive(exp, pol, executor, real_belief(exp), progress=on_progress)
+    feed = StepFeed(tracking)
+
+    def progress(done: int, total: int) -> None:
+        feed.feed(executor.synced_metrics)
+        if on_progress is not None:
+            on_progress(done, total)
+
+    try:
+        result = drive(exp, pol, executor, real_belief(exp), progress=progress)
+        feed.feed(executor.synced_metrics)
+        log_step_timings(tracking, result.events, offsets)
+    finally:
+        tracking.close()
     info = run_info(exp, name, executor="ray", name=cfg.name or "real-run")
     summary = summarize_run(result, info)
     summary["startup_s"] = executor.startup_s

@@ -9,7 +9,8 @@ folder, task, warm start), evaluate it greedily on held-out prompts, run its GRP
 evaluate again. With ``out_dir`` it writes
 
 - ``tb/<pipeline>/``: TensorBoard scalars under verl's names (``critic/score/mean``,
-  ``actor/pg_loss``, ``timing_s/gen``, ``perf/throughput``, ...);
+  ``actor/pg_loss``, ``timing_s/gen``, ``perf/throughput``, ...), and the other loggers of
+  ``trainer.logger`` (console, W&B: :mod:`jigsawrl.experiments.loggers`);
 - ``checkpoints/<pipeline>/step-NNNNNN/``: model, optimizer, RNG and the metric history, every
   ``train.checkpoint_every`` steps and at the end (``resume=True`` continues from the latest);
 - ``summary.json``: throughput, makespan and per-pipeline per-step curves;
@@ -23,7 +24,6 @@ that those runs are compared with.
 from __future__ import annotations
 
 import json
-import logging
 import math
 import time
 from collections.abc import Callable
@@ -33,8 +33,7 @@ from typing import Any
 from jigsawrl.config import ExperimentConfig, PipelineSpec, dump_config
 from jigsawrl.engine.pipeline import RealPipeline, check_pipeline
 from jigsawrl.errors import InputError
-
-log = logging.getLogger(__name__)
+from jigsawrl.experiments.loggers import Tracking
 
 StepCallback = Callable[[dict[str, Any]], None]
 
@@ -53,8 +52,8 @@ def run_experiment(cfg: ExperimentConfig, out_dir: Path | None, *, resume: bool 
         cache_dir: warm-start cache (None: ``$JIGSAWRL_CACHE`` or ``~/.cache/jigsawrl``).
 
     Raises:
-        ConfigError: unknown model preset or task, bad task params, a broken reward file
-            (before any pipeline runs).
+        ConfigError: unknown model preset or task, bad task params, a broken reward file,
+            ``trainer.logger: [wandb]`` without wandb (before any pipeline runs).
         InputError: ``resume`` without ``out_dir``, an unreadable checkpoint, a missing or bad
             data file, a model folder that does not fit its tokenizer (before any pipeline runs).
     """
@@ -67,8 +66,10 @@ def run_experiment(cfg: ExperimentConfig, out_dir: Path | None, *, resume: bool 
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "config.yaml").write_text(dump_config(cfg))
     results = []
-    for spec, task in zip(cfg.pipelines, tasks, strict=True):
-        results.append(_run_pipeline(spec, task, cfg.seed, out_dir, resume, on_step, cache_dir))
+    with Tracking.from_config(cfg, out_dir) as tracking:
+        for spec, task in zip(cfg.pipelines, tasks, strict=True):
+            results.append(_run_pipeline(spec, task, cfg.seed, out_dir, resume, on_step,
+                                         cache_dir, tracking))
     total_tokens = sum(r["total_tokens"] for r in results)
     total_step_s = sum(r["total_step_s"] for r in results)
     summary = {
@@ -89,8 +90,9 @@ def _emit(on_step: StepCallback | None, **event: Any) -> None:
 
 
 def _run_pipeline(spec: PipelineSpec, task: Any, seed: int, out_dir: Path | None, resume: bool,
-                  on_step: StepCallback | None, cache_dir: Path | None) -> dict[str, Any]:
-    """Warm start, eval, steps (with checkpoints and TensorBoard), eval; the pipeline summary."""
+                  on_step: StepCallback | None, cache_dir: Path | None,
+                  tracking: Tracking) -> dict[str, Any]:
+    """Warm start, eval, steps (with checkpoints and the loggers), eval; the pipeline summary."""
     _emit(on_step, event="phase", pipeline=spec.name, step=0, steps=spec.steps,
           phase="warm start", metrics={})
     pipe = RealPipeline(spec, seed, cache_dir=cache_dir, task=task)
@@ -105,25 +107,18 @@ def _run_pipeline(spec: PipelineSpec, task: Any, seed: int, out_dir: Path | None
         _emit(on_step, event="phase", pipeline=spec.name, step=0, steps=spec.steps,
               phase="eval", metrics={})
         eval_before = pipe.evaluate()
-    writer = _tb_writer(out_dir, spec.name)
-    try:
-        for step in range(first, spec.steps):
-            metrics = pipe.run_step(step)
-            history.append(metrics)
-            if writer is not None:
-                for key, value in metrics.items():
-                    writer.add_scalar(key, value, step)
-            _emit(on_step, event="step", pipeline=spec.name, step=step + 1, steps=spec.steps,
-                  metrics=metrics)
-            every = spec.train.checkpoint_every
-            if ckpt_root is not None and (step + 1 == spec.steps or
-                                          (every and (step + 1) % every == 0)):
-                pipe.save(ckpt_root, step + 1, {"history": history,
-                                                "eval_reward_before": eval_before,
-                                                "warm_start": pipe.warm_info})
-    finally:
-        if writer is not None:
-            writer.close()
+    for step in range(first, spec.steps):
+        metrics = pipe.run_step(step)
+        history.append(metrics)
+        tracking.log(spec.name, step, metrics)
+        _emit(on_step, event="step", pipeline=spec.name, step=step + 1, steps=spec.steps,
+              metrics=metrics)
+        every = spec.train.checkpoint_every
+        if ckpt_root is not None and (step + 1 == spec.steps or
+                                      (every and (step + 1) % every == 0)):
+            pipe.save(ckpt_root, step + 1, {"history": history,
+                                            "eval_reward_before": eval_before,
+                                            "warm_start": pipe.warm_info})
     _emit(on_step, event="phase", pipeline=spec.name, step=spec.steps, steps=spec.steps,
           phase="eval", metrics={})
     eval_after = pipe.evaluate()
@@ -174,17 +169,6 @@ def reward_errors(history: list[dict[str, float]]) -> dict[str, Any]:
                 by[kind] = by.get(kind, 0.0) + value
     return {"total": int(sum(h.get("reward/errors", 0.0) for h in history)),
             "by_reason": {k: int(v) for k, v in sorted(by.items())}}
-
-
-def _tb_writer(out_dir: Path | None, name: str) -> Any:
-    if out_dir is None:
-        return None
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:  # tensorboard is in the engine extra; the run works without it
-        log.warning("tensorboard is not installed: no TensorBoard scalars written")
-        return None
-    return SummaryWriter(log_dir=str(out_dir / "tb" / name))
 
 
 def _jsonable(obj: Any) -> Any:

@@ -167,6 +167,13 @@ class RayExecutor:
                 for n, p in self.state.pipes.items()}
 
     @property
+    def synced_metrics(self) -> dict[str, list[dict[str, float]]]:
+        """:attr:`pipeline_metrics` of the steps whose weights are synced (the last stage of a
+        step, so their rows are complete): what per-step loggers may log while a run goes on."""
+        return {n: [{"step": s, **m} for s, m in sorted(p.metrics.items()) if s < p.version]
+                for n, p in self.state.pipes.items()}
+
+    @property
     def moves(self) -> list[dict[str, Any]]:
         """Measured offloads and onloads: pipeline, stage, bytes, seconds."""
         return self.residency.moves
