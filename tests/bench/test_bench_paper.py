@@ -154,3 +154,42 @@ def test_cli_bench_decide_prints_percentiles() -> None:
         assert col in res.output
     bad = CliRunner().invoke(app, ["bench", "decide", "--policy", "nope", "--devices", "8"])
     assert bad.exit_code == 2
+
+
+def test_sensitivity_reruns_headline_ratios_under_each_assumption(tmp_path: Path) -> None:
+    """The lead ÷ verl ratio is re-measured with costly co-location and with offload on; each
+    changed assumption really reaches the simulation (offload makes every policy slower)."""
+    folder = tmp_path / "m"
+    folder.mkdir()
+    _write(folder, "sync-s", "  section: sync\n  quick: true\n  lead: jigsaw\n"
+           "  baseline: verl\n  policies: [verl, jigsaw]")
+    out = tmp_path / "out"
+    run = run_paper(folder, quick=True, seeds=1, out_dir=out)
+    g = run.groups[0]
+    assert set(g.sensitivity) == {"s_sat 0.8", "offload on"}
+    assert all(set(per) == {"verl"} and per["verl"] > 0 for per in g.sensitivity.values())
+    md = (out / REPORT_FILE).read_text()
+    assert "## Sensitivity" in md and "| sync-s | verl |" in md
+    none = run_paper(folder, quick=True, seeds=1, sensitivity=False)
+    assert none.groups[0].sensitivity == {}
+
+
+def test_cost_assumptions_and_offload_reach_the_cost_model() -> None:
+    from jigsawrl.config import validate_config
+    from jigsawrl.experiments.resolve import resolve
+    from jigsawrl.experiments.simulated import cost_assumptions, make_cost
+
+    raw = {"cluster": {"accelerator": "h100-80gb", "num_nodes": 1, "accelerators_per_node": 4},
+           "pipelines": [{"name": "a", "model": "qwen3-4b", "task": "gsm8k",
+                          "train": {"param_offload": True}}]}
+    exp = resolve(validate_config(raw))
+    assert make_cost(exp).params.s_sat == pytest.approx(0.4)
+    with cost_assumptions(s_sat=0.8):
+        assert make_cost(exp).params.s_sat == pytest.approx(0.8)
+    assert make_cost(exp).deployment.param_offload
+    with pytest.raises(ConfigError, match="unknown cost-model constant"):
+        with cost_assumptions(no_such=1.0):
+            pass
+    raw["pipelines"].append({"name": "b", "model": "qwen3-4b", "task": "gsm8k"})
+    with pytest.raises(ConfigError, match="differ in train.param_offload"):
+        make_cost(resolve(validate_config(raw)))

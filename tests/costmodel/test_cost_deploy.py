@@ -11,7 +11,7 @@ import pytest
 from jigsawrl.config import validate_config
 from jigsawrl.costmodel import CostModel, CostParams
 from jigsawrl.costmodel.cpu import cpu_worker_params
-from jigsawrl.costmodel.deploy import Deployment, common_deployment, deployment_of
+from jigsawrl.costmodel.deploy import Deployment, deployment_of, pool_deployment
 from jigsawrl.errors import ConfigError
 from jigsawrl.events import Span
 from jigsawrl.executors.simulated import SimulatedExecutor
@@ -57,10 +57,11 @@ def test_config_keys_validate_and_reach_the_deployment() -> None:
     assert dep == Deployment(param_offload=True, optimizer_offload=True, ref_param_offload=True,
                              enforce_eager=True, critic=True, samples_per_step=128,
                              micro_batch_seqs=8)
-    assert common_deployment(cfg.pipelines) == dep
+    assert pool_deployment(cfg.pipelines) == dep
     plain = validate_config(_cfg())
     assert deployment_of(plain.pipelines[0]) == Deployment(samples_per_step=128)
-    assert common_deployment([*plain.pipelines, *cfg.pipelines]) is None
+    with pytest.raises(ConfigError, match="differ in train.param_offload"):
+        pool_deployment([*plain.pipelines, *cfg.pipelines])
     for bad in ({"train": {"param_offload": "sometimes"}}, {"rollout": {"enforce_eager": 3}},
                 {"train": {"optimiser_offload": True}}):
         with pytest.raises(ConfigError):

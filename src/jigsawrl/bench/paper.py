@@ -51,6 +51,7 @@ from jigsawrl.bench.paper_matrix import (
     quick_config,
 )
 from jigsawrl.bench.paper_report import render_markdown
+from jigsawrl.bench.paper_sensitivity import run_sensitivity
 from jigsawrl.config import dump_config
 from jigsawrl.errors import ConfigError
 from jigsawrl.experiments.compare import compare_policies, write_compare
@@ -110,7 +111,7 @@ def run_group(group: BenchGroup, *, seeds: int, quick: bool = False, out_dir: Pa
 def run_paper(matrix: Path = MATRIX_DIR, *, quick: bool = False, seeds: int | None = None,
               out_dir: Path | None = None, command: str = "", only: list[str] | None = None,
               timelines: bool = False, on_group: Callable[[GroupResult], None] | None = None,
-              on_run: Callable[[], None] | None = None) -> PaperRun:
+              on_run: Callable[[], None] | None = None, sensitivity: bool = True) -> PaperRun:
     """Run the matrix group by group; rewrite ``out_dir/BENCHMARKS-paper.md`` after each group.
 
     Args:
@@ -123,6 +124,8 @@ def run_paper(matrix: Path = MATRIX_DIR, *, quick: bool = False, seeds: int | No
         timelines: also write each policy's first-seed run folder with a timeline.
         on_group: called with each finished group (the CLI prints its table).
         on_run: called after each simulated policy run (progress).
+        sensitivity: also re-run each group's lead and headline baselines under costly
+            co-location and with offload on (:mod:`jigsawrl.bench.paper_sensitivity`).
 
     Raises:
         ConfigError: a bad matrix file or group name.
@@ -136,6 +139,8 @@ def run_paper(matrix: Path = MATRIX_DIR, *, quick: bool = False, seeds: int | No
         log.info("group %s (%s)", g.name, g.section)
         res = run_group(g, seeds=n_seeds, quick=quick, out_dir=out_dir, timelines=timelines,
                         on_run=on_run)
+        if sensitivity:
+            res.sensitivity = run_sensitivity(res, on_run=on_run)
         run.groups.append(res)
         run.wall_s = time.perf_counter() - t0
         if out_dir is not None:

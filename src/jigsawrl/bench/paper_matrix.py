@@ -142,6 +142,8 @@ class GroupResult:
     skipped: dict[str, str]
     wall_s: float
     out_dir: Path | None = None
+    # assumption changed -> baseline -> lead ÷ baseline (:mod:`jigsawrl.bench.paper_sensitivity`)
+    sensitivity: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def lead_ratios(self) -> dict[str, float]:
         """Throughput of the lead ÷ each other policy that ran (means over seeds)."""

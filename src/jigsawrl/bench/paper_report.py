@@ -114,6 +114,28 @@ def summary_claims(run: PaperRun) -> list[Claim]:
     ]
 
 
+def _sensitivity_table(run: PaperRun) -> list[str]:
+    """Each headline ratio at the default assumptions and with one assumption changed."""
+    rows = [(g, b) for g in run.groups if g.sensitivity for b in g.lead_ratios()
+            if any(b in per for per in g.sensitivity.values())]
+    if not rows:
+        return []
+    settings = list(dict.fromkeys(k for g, _ in rows for k in g.sensitivity))
+    lead = _lead(run)
+    lines = ["## Sensitivity to assumptions no GPU here can measure", "",
+             f"{lead} ÷ each headline baseline: at the defaults (co-location cheap, `s_sat` "
+             "0.4; offload off; mean over seeds), then re-run on the group's first seed with "
+             "costly co-location (`s_sat` 0.8) and with verl's parameter and optimizer offload "
+             "on for every pipeline (`jigsawrl.bench.paper_sensitivity`).", "",
+             "| group | baseline | default | " + " | ".join(settings) + " |",
+             "|---|---|---:|" + "---:|" * len(settings)]
+    for g, b in rows:
+        cells = [_x(g.sensitivity.get(k, {}).get(b)) for k in settings]
+        lines.append(f"| {g.group.name} | {b} | {_x(g.lead_ratios().get(b))} | "
+                     + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
 def _mean(vals: list[float]) -> float | None:
     return statistics.fmean(vals) if vals else None
 
@@ -208,6 +230,7 @@ def render_markdown(run: PaperRun) -> str:
     lines += ["", "Sync matrix = sections sync, hetero and scaling. Paper values from "
               "`reference/jigsawrl.md` (some from secondary summaries).", ""]
     lines += _ratio_table(run)
+    lines += _sensitivity_table(run)
     lines += ["## Groups", "", "Columns: finished tokens/s (mean ± population sd over seeds); "
               "÷ the group's baseline; the lead's tokens/s ÷ this policy's; mean step latency ÷ "
               "solo; MFU; busy fraction; $ per million finished tokens; makespan.", ""]

@@ -243,6 +243,9 @@ def bench_paper(
     matrix: Annotated[Path, typer.Option(help="folder of matrix files")] = Path("configs/paper"),
     only: Annotated[str | None, typer.Option(help="comma-separated group names")] = None,
     timelines: Annotated[bool, typer.Option(help="per-policy run folders + timelines")] = False,
+    sensitivity: Annotated[bool, typer.Option(
+        help="re-run each headline ratio with costly co-location (s_sat 0.8) and offload on"),
+    ] = True,
 ) -> None:
     """Run the paper's evaluation matrix side by side; write BENCHMARKS-paper.md."""
     import shlex
@@ -265,10 +268,12 @@ def bench_paper(
     command = shlex.join(["jigsawrl", "bench", "paper", *(["--quick"] if quick else []),
                           *(["--seeds", str(seeds)] if seeds else []), "--out", str(out_dir),
                           "--matrix", str(matrix), *(["--only", only] if only else []),
-                          *(["--timelines"] if timelines else [])])
+                          *(["--timelines"] if timelines else []),
+                          *([] if sensitivity else ["--no-sensitivity"])])
     t0 = time.perf_counter()
     run = run_paper(matrix, quick=quick, seeds=seeds, out_dir=out_dir, only=names,
-                    command=command, timelines=timelines, on_group=show)
+                    command=command, timelines=timelines, on_group=show,
+                    sensitivity=sensitivity)
     table = Table(title="summary against the paper")
     for col in ("claim", "paper", "here", "groups"):
         table.add_column(col, justify="left" if col == "claim" else "right")

@@ -28,10 +28,11 @@ decode lines; the critic in :meth:`~.train_cost.TrainCosts.train_time_s`.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from jigsawrl.config import PipelineSpec
+from jigsawrl.errors import ConfigError
 
 # Bytes per parameter of what verl's offload moves: the actor's FSDP flat parameters are fp32
 # (verl loads the actor in fp32 and computes in bf16 through FSDP mixed precision); Adam keeps
@@ -82,12 +83,32 @@ def deployment_of(spec: PipelineSpec) -> Deployment:
                       micro_batch_seqs=spec.train.micro_batch_size)
 
 
-def common_deployment(specs: Iterable[PipelineSpec]) -> Deployment | None:
-    """The one deployment every pipeline shares, or None when they differ.
+FLAGS = ("param_offload", "optimizer_offload", "ref_param_offload", "enforce_eager", "critic")
 
-    A :class:`~jigsawrl.costmodel.model.CostModel` charges one deployment for every pipeline;
-    an experiment whose pipelines differ needs per-pipeline cost calls (not wired yet: see
-    ``docs/FIDELITY.md``, "What the rest of the simulator needs").
+
+def pool_deployment(specs: Sequence[PipelineSpec]) -> Deployment:
+    """The one deployment a simulated pool charges for every pipeline.
+
+    A :class:`~jigsawrl.costmodel.model.CostModel` charges one deployment for all the pipelines
+    it costs, so the simulator needs them to agree on the flags (offloads, eager decode, critic).
+    The ref pass's micro-batching is sized by the largest step (more micro-batches: the
+    costlier reading, and only charged with ``ref_param_offload``).
+
+    Raises:
+        ConfigError: pipelines that differ in a flag (names the key and the pipelines).
     """
-    found = {deployment_of(s) for s in specs}
-    return found.pop() if len(found) == 1 else None
+    if not specs:
+        return DEFAULT_DEPLOYMENT
+    deps = [deployment_of(s) for s in specs]
+    for flag in FLAGS:
+        values = {getattr(d, flag) for d in deps}
+        if len(values) > 1:
+            on = [s.name for s, d in zip(specs, deps, strict=True) if getattr(d, flag)]
+            key = "algorithm (ppo)" if flag == "critic" else (
+                f"rollout.{flag}" if flag == "enforce_eager" else f"train.{flag}")
+            raise ConfigError(
+                f"pipelines differ in {key} (on for {', '.join(on)} only); the simulator charges "
+                "one deployment for the whole pool", where="pipelines",
+                fix=f"set {key} alike on every pipeline, or simulate them in separate configs")
+    widest = max(deps, key=lambda d: (d.samples_per_step, -d.micro_batch_seqs))
+    return widest

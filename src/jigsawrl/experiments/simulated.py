@@ -14,11 +14,15 @@ policy's variants and the bounds): every run of one call sees the same workload 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from jigsawrl.config import ExperimentConfig
 from jigsawrl.costmodel import CostModel, CostParams
+from jigsawrl.costmodel.deploy import pool_deployment
 from jigsawrl.driver.loop import DriverResult
 from jigsawrl.errors import ConfigError
 from jigsawrl.events import Event, StepFinished
@@ -73,10 +77,43 @@ def run_once(exp: Experiment, policy: Policy, seed: int, *,
     return drive(exp, policy, executor, make_cost(exp), progress=progress)
 
 
+# Cost-model constants to assume instead of the defaults (``cost_assumptions``); empty: none.
+_ASSUMED: ContextVar[dict[str, Any] | None] = ContextVar("cost_assumptions", default=None)
+
+
+@contextmanager
+def cost_assumptions(**params: Any) -> Iterator[None]:
+    """Simulate with these :class:`~jigsawrl.costmodel.CostParams` instead of the defaults
+    (belief and truth alike), e.g. ``s_sat=0.8`` for costly co-location: what ``bench paper``'s
+    sensitivity runs use to show how much a ratio rests on a constant no GPU here can measure.
+
+    Raises:
+        ConfigError: a name that is not a cost-model constant.
+    """
+    known = set(CostParams.__dataclass_fields__)
+    bad = sorted(set(params) - known)
+    if bad:
+        raise ConfigError(f"unknown cost-model constant(s) {', '.join(bad)}",
+                          where="cost assumptions", fix="use fields of CostParams")
+    token = _ASSUMED.set({**(_ASSUMED.get() or {}), **params})
+    try:
+        yield
+    finally:
+        _ASSUMED.reset(token)
+
+
 def make_cost(exp: Experiment, *, noise_sigma: float = 0.0, seed: int = 0) -> CostModel:
-    """The cost model for ``exp``'s cluster (noise 0 = belief; > 0 = truth)."""
-    params = CostParams(devices_per_node=exp.config.cluster.accelerators_per_node)
-    return CostModel(exp.accelerator, noise_sigma=noise_sigma, seed=seed, params=params)
+    """The cost model for ``exp``'s cluster (noise 0 = belief; > 0 = truth), charging the
+    pipelines' deployment (offloads, eager decode, critic: :func:`pool_deployment`) and any
+    :func:`cost_assumptions` in force.
+
+    Raises:
+        ConfigError: pipelines whose deployments differ.
+    """
+    params = CostParams(devices_per_node=exp.config.cluster.accelerators_per_node,
+                        **(_ASSUMED.get() or {}))
+    return CostModel(exp.accelerator, noise_sigma=noise_sigma, seed=seed, params=params,
+                     deployment=pool_deployment([p.spec for p in exp.pipelines]))
 
 
 def simulate(cfg: ExperimentConfig, *, policy: str | None = None, seed: int | None = None,
