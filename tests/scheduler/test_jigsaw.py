@@ -46,7 +46,7 @@ class Recorder(PolicyBase):
 def test_first_decision_starts_rollouts_on_fair_shares() -> None:
     exp = resolve(cfg())
     st = DriverState(exp)
-    pol = JigsawPolicy()
+    pol = JigsawPolicy(fallback=False)  # jigsaw's own plan (two like pipelines: the fair one)
     d = pol.decide(st.view(0.0, make_cost(exp)))
     starts = [a for a in d.actions if isinstance(a, StartRollout)]
     assert [a.pipeline for a in starts] == ["p0", "p1"]
@@ -59,7 +59,7 @@ def test_tail_is_packed_and_compute_waits_for_onload() -> None:
     exp = resolve(cfg(devices=4))
     cost = make_cost(exp)
     st = DriverState(exp)
-    pol = JigsawPolicy(depth=1)
+    pol = JigsawPolicy(depth=1, fallback=False)
     pol.decide(st.view(0.0, cost))  # placement
     ranks = tuple((d,) for d in range(4))
     roll = RunningTask(task_id("p0", 0, Stage.ROLLOUT), "p0", 0, Stage.ROLLOUT, (0, 1, 2, 3),
@@ -94,8 +94,9 @@ def test_single_pipeline_matches_verl(task: str) -> None:
     exp = resolve(cfg(n=1, task=task, steps=3))
     ours = run_once(exp, get_policy("jigsaw"), 3)
     verl = run_once(exp, get_policy("verl-split"), 3)
-    ratio = ours.makespan_s / verl.makespan_s
-    assert 0.9 <= ratio <= 1.12, ratio  # alone, jigsaw is verl plus tiny offload/onload moves
+    # alone, jigsaw is never slower than verl (issue 11: >= 0.98x its throughput); it has
+    # nothing to share the pool with, so its plan is predicted no better and it runs verl's
+    assert verl.makespan_s / ours.makespan_s >= 0.98, (ours.makespan_s, verl.makespan_s)
 
 
 def _second_pass(policy: JigsawPolicy, exp, cost):  # noqa: ANN001, ANN202
@@ -126,8 +127,8 @@ def test_lookahead_starts_the_short_pass_where_greedy_starts_the_urgent_long_one
                                               base.pipelines[1]]})
     exp = resolve(c)
     cost = make_cost(exp)
-    greedy = get_policy("greedy", {"max_train_states": 2})
-    ahead = get_policy("jigsaw", {"max_train_states": 2})
+    greedy = get_policy("greedy", {"max_train_states": 2, "fallback": False})
+    ahead = get_policy("jigsaw", {"max_train_states": 2, "fallback": False})
     assert isinstance(greedy, JigsawPolicy) and isinstance(ahead, JigsawPolicy)
     greedy_passes, _ = _second_pass(greedy, exp, cost)
     ahead_passes, view = _second_pass(ahead, exp, cost)
@@ -225,6 +226,7 @@ def test_several_train_states_run_compute_stages_side_by_side() -> None:
     def overlapping(k: int) -> bool:
         cfg = load_config("configs/two-gsm8k.yaml", [
             "scheduler.name=jigsaw", f"scheduler.params.max_train_states={k}",
+            "scheduler.params.fallback=false",
             "pipelines.0.steps=3", "pipelines.1.steps=3"])
         run = simulate(cfg, solo=False)
         spans = [e for e in run.events if isinstance(e, Span)

@@ -23,6 +23,10 @@ class JigsawParams:
         history_window: steps of history the rollout prediction pools.
         min_rollout_fraction: a rollout starts only on at least this fraction of its width.
         max_train_states: train states on the devices at once.
+        plan_widths: choose each rollout's width by critical path (:mod:`.planner`; off: every
+            rollout takes a fair share of the pool, the ablation of planned widths).
+        fallback: run the best verl placement instead when it is predicted to finish sooner
+            (:mod:`.fallback`; off: always jigsaw's own plan).
 
     Raises:
         ConfigError: a depth below 0, or a count below 1.
@@ -37,6 +41,8 @@ class JigsawParams:
     history_window: int = 3
     min_rollout_fraction: float = 0.5
     max_train_states: int = 1
+    plan_widths: bool = True
+    fallback: bool = True
 
     def __post_init__(self) -> None:
         if (self.depth < 0 or self.max_colocated < 1 or self.tail_batch < 1

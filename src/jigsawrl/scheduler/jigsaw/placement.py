@@ -2,10 +2,11 @@
 pass (DESIGN.md §2.7).
 
 - A rollout takes the least-loaded TP groups (within one node) that have a free engine slot and
-  its memory, at most a fair share of the pool's engine slots (``n × max_colocated / live
-  pipelines``; the whole pool under the tight memory plan): a tail-bound rollout gains little
-  from more devices, and the slots it leaves let the other pipelines' rollouts run beside it. It
-  does not start on less than ``min_rollout_fraction`` of that width.
+  its memory, as many as the planner's width for it (:mod:`.planner`: widths by critical path,
+  training pooled). It waits for its whole width while a model pass holds devices (the pass
+  ends in seconds, a narrow rollout runs narrow to its end); otherwise it does not start on
+  less than ``min_rollout_fraction`` of its width. A second rollout of an async pipeline starts
+  only on devices that leave every other pipeline's planned width free.
 - A model pass runs on all devices (sharing them with decodes at the chosen split) or only on the
   free ones at full share, whichever the belief cost model says is faster and memory allows.
   With one train state at a time, one pass runs in the pool at a time; with more, each pass
@@ -18,8 +19,9 @@ shards over NVLink at no modelled cost; only the extra bytes of its larger shard
 from __future__ import annotations
 
 from jigsawrl.scheduler.base import PipelineView, StartRollout, StartStage, View, task_id
-from jigsawrl.scheduler.jigsaw.board import MEM_HEADROOM, Board
+from jigsawrl.scheduler.jigsaw.board import MEM_HEADROOM, MEMORY, Board
 from jigsawrl.scheduler.jigsaw.params import JigsawParams
+from jigsawrl.scheduler.jigsaw.planner import WidthPlanner
 from jigsawrl.scheduler.jigsaw.prediction import StepPredictions
 from jigsawrl.scheduler.jigsaw.residency import Residency
 from jigsawrl.scheduler.jigsaw.shares import compute_split
@@ -31,29 +33,42 @@ class Placement:
     """Chooses devices for rollouts and model passes, and claims them on the board."""
 
     def __init__(self, params: JigsawParams, residency: Residency,
-                 predictions: StepPredictions) -> None:
+                 predictions: StepPredictions, planner: WidthPlanner) -> None:
         self.params = params
         self.residency = residency
         self.predictions = predictions
+        self.planner = planner
         self._last_compute: dict[str, tuple[int, ...]] = {}  # pipeline -> devices last used
 
     # ------------------------------------------------------------------ rollouts
     def rollout_start(self, view: View, b: Board, pv: PipelineView,
                       step: int) -> StartRollout | None:
         """Start ``pv``'s rollout of ``step`` on the least-loaded free TP groups, up to its
-        width (module docstring); None when too few groups are free."""
+        planned width (module docstring); None when it should wait."""
         tp = pv.spec.rollout_tp
         kv_mem = self.residency.kv_mem
         need = kv_mem + view.cost.rollout_weight_bytes(pv.model, tp)
         groups = self._free_groups(view, b, tp, need)
-        want = self._rollout_width(view, tp)
-        if not groups or len(groups) < self.params.min_rollout_fraction * want:
+        want = max(1, self.planner.width(view, pv) // tp)
+        second = any(t.stage == Stage.ROLLOUT for t in pv.running)  # async: one in flight
+        if second and len(groups) - self._reserved(view, b, pv) // tp < want:
+            return None
+        wait_pass = b.any_compute() and not self.residency.tight
+        if not groups or len(groups) < want and (
+                wait_pass or len(groups) < self.params.min_rollout_fraction * want):
             return None
         groups.sort(key=lambda g: (max(b.mem_slots(d) for d in g), g))
         devs = sorted(d for g in groups[:want] for d in g)
         self.predictions.ensure(view, pv, step)
         b.claim_rollout(task_id(pv.name, step, Stage.ROLLOUT), pv.name, devs, tp, need)
         return StartRollout(pv.name, step, tuple(devs), tp, share=1.0, kv_mem_bytes=kv_mem)
+
+    def _reserved(self, view: View, b: Board, pv: PipelineView) -> int:
+        """Devices the planned widths of the other pipelines need that no rollout of theirs
+        holds now (on the board: started earlier in this decision too)."""
+        rolling = {b.pipe[t] for t, k in b.kind.items() if k == MEMORY}
+        return sum(self.planner.width(view, p) for p in view.pipelines
+                   if p.name != pv.name and not p.finished and p.name not in rolling)
 
     def _free_groups(self, view: View, b: Board, tp: int, need: float) -> list[tuple[int, ...]]:
         """TP groups within one node whose devices have an engine slot and ``need`` bytes."""
@@ -67,14 +82,6 @@ class Placement:
                    for d in group):
                 groups.append(group)
         return groups
-
-    def _rollout_width(self, view: View, tp: int) -> int:
-        """TP groups a rollout may take: a fair share of the engine slots."""
-        live = sum(1 for p in view.pipelines if not p.finished)
-        cap = max(1, (len(view.devices) // tp) * self.params.max_colocated // max(1, live))
-        if self.residency.tight:  # nothing can share a device: give each rollout the whole pool
-            cap = len(view.devices) // tp
-        return min(cap, len(view.devices) // tp)
 
     # ------------------------------------------------------------------ model passes
     def compute_devices(self, view: View, b: Board, pv: PipelineView) -> tuple[int, ...]:

@@ -3,24 +3,42 @@ pieces at every decision (the package docstring says how it decides)."""
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
+from jigsawrl.errors import ConfigError
 from jigsawrl.scheduler.base import (
     Action,
     Decision,
     PipelineView,
+    Policy,
     PolicyBase,
     StartStage,
     View,
     register_policy,
 )
 from jigsawrl.scheduler.jigsaw.board import Board, build_board
+from jigsawrl.scheduler.jigsaw.fallback import MARGIN, best_verl
 from jigsawrl.scheduler.jigsaw.lookahead import LookAhead
 from jigsawrl.scheduler.jigsaw.params import JigsawParams
 from jigsawrl.scheduler.jigsaw.placement import Placement
+from jigsawrl.scheduler.jigsaw.planner import WidthPlanner
 from jigsawrl.scheduler.jigsaw.prediction import StepPredictions
 from jigsawrl.scheduler.jigsaw.residency import Residency
 from jigsawrl.scheduler.jigsaw.shares import ShareAssigner
 from jigsawrl.scheduler.jigsaw.tail import TailMigration
 from jigsawrl.stages import HOST_STAGES, MODEL_PASSES, Stage
+
+
+@dataclass(frozen=True, slots=True)
+class PlanChoice:
+    """What jigsaw runs (``jigsaw``, or the verl placement it fell back to) and the predicted
+    makespans it chose between (seconds; inf: jigsaw's memory plan does not fit)."""
+
+    runs: str
+    jigsaw_s: float
+    verl: str | None
+    verl_s: float | None
 
 
 @register_policy("jigsaw")
@@ -38,30 +56,61 @@ class JigsawPolicy(PolicyBase):
     def __init__(self, depth: int = 2, migration: bool = True, dynamic_shares: bool = True,
                  max_colocated: int = 1, tail_requests: int = 128, tail_batch: int = 64,
                  history_window: int = 3, min_rollout_fraction: float = 0.5,
-                 max_train_states: int = 1, name: str = "jigsaw") -> None:
+                 max_train_states: int = 1, plan_widths: bool = True, fallback: bool = True,
+                 name: str = "jigsaw") -> None:
         self.params = JigsawParams(
             depth=depth, migration=migration, dynamic_shares=dynamic_shares,
             max_colocated=max_colocated, tail_requests=tail_requests, tail_batch=tail_batch,
             history_window=history_window, min_rollout_fraction=min_rollout_fraction,
-            max_train_states=max_train_states)
+            max_train_states=max_train_states, plan_widths=plan_widths, fallback=fallback)
         self.name = name
+        self.choice: PlanChoice | None = None  # what the first decision chose, and why
+        self._delegate: Policy | None = None  # the verl placement run instead, if any
         self.residency = Residency(self.params)
         self.predictions = StepPredictions(history_window, lambda: self.residency.kv_mem)
-        self.placement = Placement(self.params, self.residency, self.predictions)
+        self.planner = WidthPlanner(self.params, self.residency)
+        self.placement = Placement(self.params, self.residency, self.predictions, self.planner)
         self.lookahead = LookAhead(depth, self.predictions)
         self.tail = TailMigration(self.params, self.residency, self.predictions)
         self.shares = ShareAssigner(dynamic_shares, self.predictions.urgency)
 
     def decide(self, view: View) -> Decision:
-        if not self.residency.placed:
-            self.residency.place(view)
+        if self.choice is None:
+            self.choice = self._choose_plan(view)
+        if self._delegate is not None:
+            return self._delegate.decide(view)
         board = build_board(view)
-        actions = self.residency.memory_moves(view, board)
+        urgent = self.predictions.by_urgency(view)  # the train-state slot by urgency
+        first = {pv.name for pv in urgent}
+        order = urgent + [pv for pv in view.pipelines if pv.name not in first]
+        actions = self.residency.memory_moves(view, board, order)
         if self.params.migration:
             actions += self.tail.migrate(view, board)
         starts = self._choose_starts(view, board)
         actions += self.shares.share_actions(view, board, starts)
         return Decision(tuple(actions))
+
+    def _choose_plan(self, view: View) -> PlanChoice:
+        """jigsaw's width plan, or the verl placement predicted to finish sooner (module
+        :mod:`.fallback`); both predicted from the view and the belief cost model only.
+
+        Raises:
+            ConfigError: neither jigsaw's memory plan nor any verl placement fits the pool.
+        """
+        error: ConfigError | None = None
+        try:
+            self.residency.place(view)
+            ours = self.planner.current(view).result.makespan_s
+        except ConfigError as exc:  # not even the tight memory plan fits
+            error, ours = exc, math.inf
+        verl = best_verl(view) if self.params.fallback else None
+        if verl is not None and verl.makespan_s <= ours * (1.0 + MARGIN):
+            self._delegate = verl.build()
+            return PlanChoice(verl.name, ours, verl.name, verl.makespan_s)
+        if error is not None:
+            raise error
+        return PlanChoice("jigsaw", ours, verl.name if verl else None,
+                          verl.makespan_s if verl else None)
 
     def _choose_starts(self, view: View, b: Board) -> list[Action]:
         """Host stages and rollouts that can start, most urgent pipeline first, then at most one

@@ -13,6 +13,8 @@ released when the offload has finished.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from jigsawrl.errors import ConfigError
 from jigsawrl.scheduler.base import Action, PipelineView, SetResident, StartStage, View
 from jigsawrl.scheduler.jigsaw.board import MEM_HEADROOM, Board
@@ -72,10 +74,14 @@ class Residency:
                 fix="use more devices, a smaller model, or a larger rollout_tp")
         self.placed = True
 
-    def memory_moves(self, view: View, b: Board) -> list[Action]:
+    def memory_moves(self, view: View, b: Board,
+                     order: Sequence[PipelineView] | None = None) -> list[Action]:
         """Onload a pipeline's train state when its training stage is next; offload it after
-        its update. Finished moves are settled first, so the onloads see the memory they free."""
-        return self._settle(view, b) + self._start_moves(view, b)
+        its update. Finished moves are settled first, so the onloads see the memory they free.
+        ``order``: who is considered first for the train-state slot (the policy passes its
+        urgency order: the slot goes to the most urgent pipeline waiting, not the first in
+        config order; None: config order)."""
+        return self._settle(view, b) + self._start_moves(view, b, order or view.pipelines)
 
     def _settle(self, view: View, b: Board) -> list[Action]:
         actions: list[Action] = []
@@ -92,10 +98,11 @@ class Residency:
                     b.mem_free[d] += self.resident[pv.name]
         return actions
 
-    def _start_moves(self, view: View, b: Board) -> list[Action]:
+    def _start_moves(self, view: View, b: Board,
+                     order: Sequence[PipelineView]) -> list[Action]:
         actions: list[Action] = []
         everything = tuple(range(len(view.devices)))
-        for pv in view.pipelines:
+        for pv in order:
             state = self._state.get(pv.name, HOST)
             wants = any(stage in MODEL_PASSES for _, stage in pv.ready())
             keep = len(view.pipelines) <= self.params.max_train_states  # every state fits: stay

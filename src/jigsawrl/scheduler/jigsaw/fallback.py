@@ -1,0 +1,95 @@
+"""No losses (issue 11 item 5): the verl placements jigsaw can run instead of its own plan, and
+their predicted makespans.
+
+Where nothing can share a device (memory-tight) or a verl placement — the jobs one after another
+(serial), a split sized to each job's predicted work (sized), ``k`` jobs at a time (queue) —
+is predicted to finish the group sooner than jigsaw's width plan, jigsaw runs that placement: its
+plan is never predicted worse than the best verl placement it can express. The choice is made at
+the first decision and kept (a verl job cannot be resized mid-run, nor a train state moved onto
+a verl slice for free).
+
+The prediction reads only what a policy may see (DESIGN.md §6): each placement is timed with
+:class:`~jigsawrl.scheduler.verl_placements.JobTimer` — the task presets' length priors and the
+belief cost model, the same predictor ``verl-sized`` and ``verl-queue`` size themselves with —
+never the measured best that the runner picks for the ``verl`` baseline (that choice reads the
+truth, and is for baselines only). The equal split is not a candidate: it is a sized split that
+was not sized.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from jigsawrl.errors import ConfigError
+from jigsawrl.scheduler.base import Policy, View
+from jigsawrl.scheduler.verl import VerlPolicy
+from jigsawrl.scheduler.verl_placements import (
+    JobTimer,
+    fits,
+    longest_first,
+    queue_slice_size,
+    queue_widths,
+    sized_split,
+    usable,
+)
+from jigsawrl.workload.experiment import DEFAULT_GPU_MEMORY_UTILIZATION
+
+# jigsaw's own plan must be predicted better than the best verl placement by this much to be
+# run: the two predictions come from different models (a fluid forecast of a shared pool vs a
+# job's steps on its own slice); the margin keeps a near-tie on verl's side, whose prediction
+# holds without co-location effects.
+MARGIN = 0.03
+
+
+@dataclass(frozen=True, slots=True)
+class VerlPlan:
+    """A verl placement, its predicted makespan, and how to build the policy that runs it."""
+
+    name: str
+    makespan_s: float
+    build: Callable[[], Policy]
+
+
+def verl_plans(view: View,
+               gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION) -> list[VerlPlan]:
+    """The feasible verl placements of the group, each with its predicted makespan."""
+    timer = JobTimer(view, gpu_memory_utilization)
+    n = len(view.devices)
+    gmu = gpu_memory_utilization
+    out: list[VerlPlan] = []
+    if all(fits(view, p, n) for p in view.pipelines):
+        out.append(VerlPlan("verl-serial", sum(timer.job_s(p, n) for p in view.pipelines),
+                            lambda: VerlPolicy("serial", gmu)))
+    if len(view.pipelines) > 1:
+        try:
+            placed = sized_split(view, timer)
+        except ConfigError:
+            placed = {}
+        if placed:
+            span = max(timer.job_s(p, len(placed[p.name])) for p in view.pipelines)
+            out.append(VerlPlan("verl-sized", span, lambda: VerlPolicy("sized", gmu)))
+    for k in queue_widths(view):
+        out.append(VerlPlan(f"verl-queue-{k}", _queue_s(view, timer, k),
+                            lambda k=k: VerlPolicy("queue", gmu, k)))  # type: ignore[misc]
+    return out
+
+
+def _queue_s(view: View, timer: JobTimer, k: int) -> float:
+    """Predicted makespan of ``verl-queue-k``: the jobs, longest first, each taking the first
+    slice to free up (as the queue runs them)."""
+    size = queue_slice_size(view, k)
+    by_name = {p.name: p for p in view.pipelines}
+    free = [0.0] * k
+    for name in longest_first(view, timer, size):
+        p = by_name[name]
+        start = heapq.heappop(free)
+        heapq.heappush(free, start + timer.job_s(p, usable(p, size)))
+    return max(free)
+
+
+def best_verl(view: View) -> VerlPlan | None:
+    """The verl placement predicted fastest, or None when none is feasible."""
+    plans = verl_plans(view)
+    return min(plans, key=lambda p: p.makespan_s) if plans else None

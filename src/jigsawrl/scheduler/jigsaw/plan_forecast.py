@@ -1,0 +1,200 @@
+"""The planner's forecast: the rest of every pipeline's run under one width plan, as a fluid
+event model (DESIGN.md §2.7).
+
+Why a second forecast beside :mod:`.forecast`: that one scores the next few events of one
+decision; a width plan shapes whole steps — how long each rollout runs, whether training finds
+free devices, who waits for the one train-state slot — so it is scored over the remaining steps.
+It must stay cheap (the planner tries a few dozen plans), so each pipeline is a loop of works:
+
+- **rollout** on its planned ``width`` devices (one at a time per pipeline), lasting the
+  predicted generation time on that width (:class:`~.widths.WidthTimer`); it may start when
+  its devices are free and, for async pipelines, while its weights are at most ``staleness``
+  versions old; once other pipelines have finished, it takes the widest width their devices
+  leave (as the policy's replan does when the pipelines running change);
+- **reward** (host) then **training**: the train state is onloaded, the model passes run on the
+  pool, it is offloaded; one pipeline trains at a time (``max_train_states`` = 1, the memory
+  plan), the one with the most predicted work left first (the policy's urgency);
+- **weight sync** (host) completes the step.
+
+The passes run as the placement runs them: on the devices no rollout holds, at full share, when
+that is at least as fast as sharing every device beside the decodes (rate ``1 / slowdown``), else
+on every device, slowing the decodes to their share's rate. Simplification: a rollout holds its
+devices until its last rank finishes (migration's early release of drained ranks is not
+modelled), which makes the forecast pessimistic for plans that leave training free devices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class PlanPipe:
+    """One pipeline as the plan forecast sees it (seconds; training on the whole pool)."""
+
+    name: str
+    steps: int  # steps left, the current one included
+    gen_s: float  # one rollout at the planned width
+    width: int  # devices the rollout holds
+    wider: tuple[tuple[int, float], ...] = ()  # (width, gen_s) of larger widths, ascending
+    reward_s: float = 0.0
+    train_s: float = 0.0  # model passes on the whole pool, full share
+    move_s: float = 0.0  # onload + offload of the train state
+    sync_s: float = 0.0
+    staleness: int = 0
+    rolling_s: float | None = None  # the current step's rollout: seconds left (running)
+    trained_first: bool = False  # the current step's rollout is done; it waits to train
+
+
+@dataclass(frozen=True, slots=True)
+class Rates:
+    """The belief cost model's co-location rates (progress per second, 1 = alone)."""
+
+    compute_shared: float  # a model pass on every device beside decodes
+    decode_shared: float  # a decode beside that pass
+
+
+@dataclass(slots=True)
+class _Pipe:
+    spec: PlanPipe
+    rolled: int = 0  # rollouts finished
+    trained: int = 0  # steps whose weight sync finished
+    roll_left: float | None = None  # seconds of rollout left at full rate (None: not rolling)
+    roll_width: int = 0  # devices the running rollout holds
+    reward_left: float | None = None
+    sync_left: float | None = None
+    waiting: int = 0  # rolled-out, rewarded steps waiting to train
+    finish: float = 0.0
+
+
+@dataclass(slots=True)
+class _Train:
+    """The one train-state slot: who holds it, in which phase, seconds left at full rate."""
+
+    holder: _Pipe | None = None
+    phase: str = ""  # move_in | pass | move_out
+    left: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class PlanResult:
+    makespan_s: float
+    finish_s: dict[str, float]
+
+    def key(self) -> tuple[float, float]:
+        """Lower is better: the makespan, then the sum of finish times."""
+        return (round(self.makespan_s, 6), sum(self.finish_s.values()))
+
+
+# A work in progress: (kind, pipeline, seconds left at full rate, rate).
+Work = tuple[str, _Pipe, float, float]
+
+
+def forecast_plan(pipes: list[PlanPipe], n: int, rates: Rates,
+                  max_events: int = 20_000) -> PlanResult:
+    """Forecast when every pipeline finishes its remaining steps under its planned width."""
+    ps = [_Pipe(p) for p in pipes if p.steps > 0]
+    for p in ps:
+        if p.spec.rolling_s is not None:
+            p.roll_left, p.roll_width = max(0.0, p.spec.rolling_s), p.spec.width
+        elif p.spec.trained_first:
+            p.rolled, p.waiting = 1, 1
+    t = 0.0
+    train = _Train()
+    for _ in range(max_events):
+        _start_rollouts(ps, n)
+        _start_training(ps, train)
+        works = _works(ps, train, n, rates)
+        if not works:
+            break
+        dt = min(left / rate for _, _, left, rate in works)
+        t += dt
+        for kind, p, left, rate in works:
+            _advance(kind, p, train, left - rate * dt, t)
+    return PlanResult(t, {p.spec.name: p.finish for p in ps})
+
+
+def _work_left(p: _Pipe) -> float:
+    """Predicted seconds of ``p``'s remaining steps (the urgency order of the policy)."""
+    return (p.spec.steps - p.trained) * (p.spec.gen_s + p.spec.train_s)
+
+
+def _start_rollouts(ps: list[_Pipe], n: int) -> None:
+    """Start every rollout that may start, most work left first; once pipelines have finished,
+    a rollout takes the widest width their devices leave it (the policy replans then; devices
+    the plan left free stay free)."""
+    held = sum(p.roll_width for p in ps if p.roll_left is not None)
+    planned = sum(p.spec.width for p in ps if p.trained < p.spec.steps)
+    room = min(n, sum(p.spec.width for p in ps))
+    for p in sorted(ps, key=lambda x: -_work_left(x)):
+        s = p.spec
+        if p.roll_left is not None or p.rolled >= s.steps or p.trained < p.rolled - s.staleness:
+            continue
+        width, gen = s.width, s.gen_s
+        for w, g in s.wider:
+            if planned - s.width + w <= room and g < gen:
+                width, gen = w, g
+        if held + width > n and held > 0:
+            continue
+        p.roll_left, p.roll_width = gen, width
+        held += width
+
+
+def _start_training(ps: list[_Pipe], train: _Train) -> None:
+    if train.holder is not None:
+        return
+    ready = [p for p in ps if p.waiting and p.sync_left is None]
+    if ready:
+        p = max(ready, key=_work_left)
+        p.waiting -= 1
+        train.holder, train.phase, train.left = p, "move_in", p.spec.move_s / 2
+
+
+def _works(ps: list[_Pipe], train: _Train, n: int, rates: Rates) -> list[Work]:
+    """Everything in progress, with its rate."""
+    rolling = [p for p in ps if p.roll_left is not None]
+    held = min(n, sum(p.roll_width for p in rolling))
+    passing = train.holder is not None and train.phase == "pass"
+    free = (n - held) / n
+    shared = bool(passing and rolling and free < rates.compute_shared)
+    out: list[Work] = []
+    for p in ps:
+        if p.roll_left is not None:
+            out.append(("roll", p, p.roll_left, rates.decode_shared if shared else 1.0))
+        if p.reward_left is not None:
+            out.append(("reward", p, p.reward_left, 1.0))
+        if p.sync_left is not None:
+            out.append(("sync", p, p.sync_left, 1.0))
+    if train.holder is not None:
+        rate = 1.0
+        if passing and rolling:
+            rate = rates.compute_shared if shared else free
+        out.append(("train", train.holder, train.left, max(rate, 1e-6)))
+    return out
+
+
+def _advance(kind: str, p: _Pipe, train: _Train, left: float, t: float) -> None:
+    done = left <= 1e-9
+    if kind == "roll":
+        p.roll_left = None if done else left
+        if done:
+            p.rolled += 1
+            p.reward_left = p.spec.reward_s
+    elif kind == "reward":
+        p.reward_left = None if done else left
+        p.waiting += done
+    elif kind == "sync":
+        p.sync_left = None if done else left
+        if done:
+            p.trained += 1
+            if p.trained >= p.spec.steps:
+                p.finish = t
+    elif not done:
+        train.left = left
+    elif train.phase == "move_in":
+        train.phase, train.left = "pass", p.spec.train_s
+    elif train.phase == "pass":
+        train.phase, train.left = "move_out", p.spec.move_s / 2
+        p.sync_left = p.spec.sync_s
+    else:
+        train.holder, train.phase, train.left = None, "", 0.0

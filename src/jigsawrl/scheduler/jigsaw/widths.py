@@ -1,0 +1,139 @@
+"""Predicted step times of a pipeline on each rollout width: what the planner (:mod:`.planner`)
+chooses widths from (DESIGN.md §2.7, issue 11 item 2).
+
+A rollout on ``w`` devices runs ``w / rollout_tp`` engines; its generation time is the timeline of
+the engine holding the longest predicted request (and a fair mix of the rest: requests sorted by
+length, every ``ranks``-th), under the continuous-batching model the simulator runs
+(``sim/rollout.py``) with the KV budget of jigsaw's memory plan. So a tail-bound rollout is
+predicted to gain little from more devices, and a multi-turn one (many requests, tool waits
+between turns) to gain a lot — the shape the planner needs.
+
+What the prediction reads (DESIGN.md §6): before a pipeline's first finished step, the task
+preset's prior (:func:`~jigsawrl.scheduler.verl_placements.prior_requests`: the length
+distribution at evenly spaced quantiles, the expected turns and tool latencies — the same prior
+the verl placements are sized with, so that the two are compared on equal terms); after it, the
+observed lengths of the last ``window`` steps (:class:`~jigsawrl.graph.predict.HistoryPredictor`),
+split into the preset's expected turns for a multi-turn task (history holds totals only). Never a
+sampled length of a step not yet finished.
+
+Training is pooled (every device, the train state onloaded for the pass), so its time does not
+depend on the rollout width: :meth:`WidthTimer.train_s` is the model passes on the whole pool.
+"""
+
+from __future__ import annotations
+
+import math
+
+from jigsawrl.graph.build import post_rollout_stages, rank_segments
+from jigsawrl.graph.predict import HistoryPredictor
+from jigsawrl.scheduler.base import PipelineView, View
+from jigsawrl.scheduler.verl_placements import pipeline_resident_bytes, prior_requests
+from jigsawrl.sim.rollout import RolloutInstance
+from jigsawrl.stages import MODEL_PASSES, Stage
+from jigsawrl.workload.requests import RequestTruth, TurnTruth
+from jigsawrl.workload.task_presets import TASKS
+
+
+def as_turns(pv: PipelineView, total: int) -> tuple[TurnTruth, ...]:
+    """An observed total response split into the task preset's expected turns (single-turn for a
+    task without a preset or with one turn): history records totals only, the tool waits
+    between turns are what makes a multi-turn rollout latency-bound."""
+    task = TASKS.get(pv.spec.task)
+    if task is None or not task.multi_turn:
+        return (TurnTruth(max(1, total)),)
+    expected = sum(task.continue_prob ** i for i in range(task.max_turns))
+    count = max(1, min(task.max_turns, round(expected)))
+    generated = max(count, total - int((count - 1) * task.tool_result_mean))
+    per = max(1, generated // count)
+    return tuple(TurnTruth(per) if i + 1 == count else
+                 TurnTruth(per, task.tool_latency_median_s, int(task.tool_result_mean))
+                 for i in range(count))
+
+
+class WidthTimer:
+    """Predicted generation seconds per (pipeline, width), cached per prediction source.
+
+    Args:
+        window: steps of history pooled.
+        kv_mem_bytes: KV memory of one engine per device (jigsaw's memory plan).
+    """
+
+    def __init__(self, window: int, kv_mem_bytes: float) -> None:
+        self._predictor = HistoryPredictor(window)
+        self.kv_mem_bytes = kv_mem_bytes
+        self._reqs: dict[str, tuple[int, list[RequestTruth]]] = {}  # pipeline -> (source, reqs)
+        self._gen: dict[tuple[str, int, int], float] = {}
+
+    def source(self, pv: PipelineView) -> int:
+        """Which prediction a pipeline's times come from: the newest observed step + 1 (0: the
+        prior). A new source makes new predictions (and may call for a replan)."""
+        return pv.history[-1].step + 1 if pv.history else 0
+
+    def requests(self, pv: PipelineView) -> list[RequestTruth]:
+        """One step's predicted requests, longest first."""
+        src = self.source(pv)
+        cached = self._reqs.get(pv.name)
+        if cached is not None and cached[0] == src:
+            return cached[1]
+        spec = pv.spec
+        if not pv.history:
+            reqs = prior_requests(pv)
+        else:
+            n = spec.batch_size * spec.group_size
+            flat = self._predictor.predict(pv.name, src, n, pv.history, 128,
+                                           spec.max_response_tokens // 4,
+                                           spec.max_response_tokens, 1)
+            reqs = [RequestTruth(r.sample_id, r.prompt_tokens, as_turns(pv, r.generated_tokens))
+                    for r in flat]
+        reqs = sorted(reqs, key=lambda r: -r.generated_tokens)
+        self._reqs[pv.name] = (src, reqs)
+        self._gen = {k: v for k, v in self._gen.items() if k[0] != pv.name or k[1] == src}
+        return reqs
+
+    def gen_s(self, view: View, pv: PipelineView, width: int) -> float:
+        """Predicted seconds of ``pv``'s rollout on ``width`` devices (whole TP groups)."""
+        tp = pv.spec.rollout_tp
+        ranks = max(1, width // tp)
+        key = (pv.name, self.source(pv), ranks)
+        if key not in self._gen:
+            reqs = self.requests(pv)
+            kv = view.cost.kv_budget_tokens(pv.model, tp, max(self.kv_mem_bytes, 1.0))
+            inst = RolloutInstance(f"{pv.name}/plan/{ranks}", pv.model, tp, view.cost,
+                                   kv_budget_tokens=max(kv, 1))
+            inst.add(reqs[::ranks])
+            segs = rank_segments(inst)
+            self._gen[key] = segs[-1][2] if segs else 0.0
+        return self._gen[key]
+
+    def stages_s(self, view: View, pv: PipelineView) -> dict[str, float]:
+        """Predicted seconds of each post-rollout stage on the whole pool (full share)."""
+        reqs = self.requests(pv)
+        spec = pv.spec
+        tokens = sum(r.total_tokens for r in reqs)
+        return post_rollout_stages(view.cost, pv.model, len(view.devices), tokens, len(reqs),
+                                   use_ref=spec.use_ref, ppo_epochs=spec.train.ppo_epochs,
+                                   rollout_tp=spec.rollout_tp)
+
+    def train_s(self, view: View, pv: PipelineView) -> float:
+        """The model passes of one step on the whole pool (pooled training)."""
+        return sum(s for k, s in self.stages_s(view, pv).items() if k in MODEL_PASSES)
+
+    def host_s(self, view: View, pv: PipelineView) -> tuple[float, float, float]:
+        """(reward, onload + offload of the train state, weight sync) seconds of one step."""
+        stages = self.stages_s(view, pv)
+        n = len(view.devices)
+        move = view.cost.host_transfer_time_s(pipeline_resident_bytes(view.cost, pv, n) * n, n)
+        return stages.get(Stage.REWARD, 0.0), 2 * move, stages.get(Stage.WEIGHT_SYNC, 0.0)
+
+
+def width_ladder(n: int, tp: int) -> list[int]:
+    """The widths (devices, whole TP groups) the planner tries: every group count up to 4, then
+    a ×1.5 ladder, and the whole pool — a few dozen at most, whatever the pool's size."""
+    groups = n // tp
+    out: set[int] = set(range(1, min(4, groups) + 1))
+    k = 4.0
+    while k < groups:
+        k = math.ceil(k * 1.5)
+        out.add(min(groups, int(k)))
+    out.add(groups)
+    return sorted(g * tp for g in out if g >= 1)
