@@ -103,13 +103,30 @@ def test_failing_reward_stops_only_its_pipeline(shared_ray: Any, cache: Path) ->
     def broken_reward(text: str, example: Any) -> float:
         raise ValueError("reward service down")
 
-    summary, events = run_real(tiny(), cache_dir=cache,
+    summary, events = run_real(tiny(), cache_dir=cache, strict_rewards=True,
                                reward_fns={"calculator": broken_reward})
     failed = [e for e in events if isinstance(e, PipelineFailed)]
     assert [(f.pipeline, f.step) for f in failed] == [("calculator", 0)]
     assert "reward service down" in failed[0].error
     assert summary["failed_pipelines"] == ["calculator"]
     check_run(summary, events, {"arithmetic": STEPS})
+
+
+def test_failing_reward_scores_zero_and_is_counted_by_default(shared_ray: Any,
+                                                              cache: Path) -> None:
+    """verl's behaviour: a reward that raises scores 0, the reason counted per step; the
+    pipeline trains on."""
+    def flaky_reward(text: str, example: Any) -> float:
+        if len(text) % 2:
+            raise ValueError("odd")
+        return 1.0
+
+    summary, events = run_real(tiny(), cache_dir=cache, reward_fns={"calculator": flaky_reward})
+    assert not [e for e in events if isinstance(e, PipelineFailed)]
+    check_run(summary, events, {"arithmetic": STEPS, "calculator": STEPS})
+    rows = summary["pipeline_metrics"]["calculator"]
+    assert sum(r["reward/errors"] for r in rows) > 0
+    assert all(r.get("reward/errors/ValueError", 0.0) == r["reward/errors"] for r in rows)
 
 
 class MigratingVerl(VerlPolicy):

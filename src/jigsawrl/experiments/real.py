@@ -124,7 +124,7 @@ def _remaining(cfg: ExperimentConfig, offsets: Mapping[str, int]) -> ExperimentC
 def run_real(cfg: ExperimentConfig, *, policy: str | None = None, address: str | None = None,
              out_dir: Path | None = None, cache_dir: Path | None = None,
              threads_per_device: int = 1, reward_fns: Mapping[str, RewardFn] | None = None,
-             strict_rewards: bool = True, resume: bool = False,
+             strict_rewards: bool = False, resume: bool = False,
              on_progress: Callable[[int, int], None] | None = None,
              executor_hook: Callable[[Any], None] | None = None,
              ) -> tuple[dict[str, Any], list[Event]]:
@@ -141,8 +141,10 @@ def run_real(cfg: ExperimentConfig, *, policy: str | None = None, address: str |
         cache_dir: warm-start cache (None: ``$JIGSAWRL_CACHE`` or ``~/.cache/jigsawrl``).
         threads_per_device: torch threads a full share of one logical device maps to.
         reward_fns: test hook — pipeline name -> reward function replacing its task's reward.
-        strict_rewards: a reward function that raises stops its pipeline (the default; the
-            others go on). False scores such samples 0 with the reason logged, as verl does.
+        strict_rewards: False (the default, as verl does): a reward function that raises or
+            returns a non-number scores that sample 0, the reason counted in the step's metrics
+            (``reward/errors``, ``reward/errors/<kind>``). True: it stops its pipeline (the
+            others go on).
         resume: continue every pipeline from its latest checkpoint under ``out_dir``.
         on_progress: called with ``(steps done, steps total)`` after every finished step.
         executor_hook: test hook, called with the started executor's instance (fault drills).

@@ -107,7 +107,7 @@ class RayExecutor:
         threads_per_device: torch threads a full share of one logical device maps to.
         cache_dir: warm-start cache passed to every worker (None: the engine's default).
         reward_fns: pipeline name -> reward function override (tests inject failures).
-        strict_rewards: a reward that raises fails its pipeline (default); False scores it 0.
+        strict_rewards: a reward that raises fails its pipeline; False (default) scores it 0.
         num_cpus: CPUs a local Ray declares (None: ``os.cpu_count()``); workers ask for none.
         ckpt_dir: checkpoints go to ``ckpt_dir/<pipeline>`` (None: no checkpoints).
         offsets: pipeline -> steps already done (resume: each restores its latest checkpoint).
@@ -130,7 +130,7 @@ class RayExecutor:
     def __init__(self, exp: Experiment, *, address: str | None = None, threads_per_device: int = 1,
                  cache_dir: Path | None = None,
                  reward_fns: Mapping[str, Callable[[str, Any], float]] | None = None,
-                 strict_rewards: bool = True, num_cpus: int | None = None,
+                 strict_rewards: bool = False, num_cpus: int | None = None,
                  ckpt_dir: Path | None = None, offsets: Mapping[str, int] | None = None,
                  device_mem_bytes: float | None = None, chunk_s: float = CHUNK_S,
                  checkpoint_s: float = CHECKPOINT_S, data_parallel: bool = True) -> None:

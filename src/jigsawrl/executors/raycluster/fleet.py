@@ -46,7 +46,7 @@ class Fleet:
         num_cpus: CPUs a local Ray declares (None: ``os.cpu_count()``).
         cache_dir: warm-start cache passed to every worker.
         reward_fns: pipeline name -> reward function override.
-        strict_rewards: a reward that raises fails its pipeline; False scores it 0.
+        strict_rewards: a reward that raises fails its pipeline; False scores it 0 (counted).
     """
 
     def __init__(self, exp: Experiment, state: RunState, *, address: str | None,

@@ -165,7 +165,7 @@ class RewardWorker:
         strict: a reward error fails the stage (:class:`RewardFailed`) instead of scoring 0.
     """
 
-    def __init__(self, spec_json: str, reward_fn: Any = None, strict: bool = True) -> None:
+    def __init__(self, spec_json: str, reward_fn: Any = None, strict: bool = False) -> None:
         from jigsawrl.tasks import build_task
 
         self.spec = spec_from_json(spec_json)
