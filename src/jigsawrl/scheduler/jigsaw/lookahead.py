@@ -93,4 +93,17 @@ class LookAhead:
                 running.append(w)  # a ready compute stage: the option decides
             else:
                 chain.append(w)
+        running.extend(self._ahead(view, pv))
         return chain
+
+    def _ahead(self, view: View, pv: PipelineView) -> list[FWork]:
+        """Rollouts of an async pipeline's later steps (running ahead within its staleness):
+        they hold devices too, and a pass deferred to spare them is what the options weigh
+        (left out, deferring looked free and async training starved)."""
+        out = []
+        for t in pv.running:
+            if t.stage == Stage.ROLLOUT and t.step > pv.steps_completed:
+                dur = self.predictions.ensure(view, pv, t.step).gen_s
+                out.append(FWork(pv.name, Stage.ROLLOUT, "memory",
+                                 max(0.05 * dur, dur - (view.now_s - t.start_s))))
+        return out
