@@ -10,6 +10,8 @@ At ``depth`` 0 (``greedy``) the first candidate (the most urgent pipeline's) is 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from jigsawrl.scheduler.base import PipelineView, View, stage_sequence
 from jigsawrl.scheduler.jigsaw.board import Board
 from jigsawrl.scheduler.jigsaw.forecast import FState, FWork, Slow, forecast
@@ -32,23 +34,42 @@ def slow_fn(view: View) -> Slow:
     return slow
 
 
+@dataclass(slots=True)
+class LookAheadStats:
+    """What the look-ahead did (issue 11 item 3): decisions it was asked, those with two or more
+    options (a look-ahead with one option does not choose), those where it chose otherwise than
+    ``greedy`` would (the first candidate), and of these how many deferred every pass."""
+
+    decisions: int = 0
+    with_choice: int = 0
+    differed: int = 0
+    deferred: int = 0
+
+
 class LookAhead:
     """Scores the options of a decision by forecast (module docstring)."""
 
     def __init__(self, depth: int, predictions: StepPredictions) -> None:
         self.depth = depth
         self.predictions = predictions
+        self.stats = LookAheadStats()
 
     def choose(self, view: View, b: Board, cands: list[Candidate]) -> Candidate | None:
         """The candidate to start now, or None to start none (``cands`` is not empty)."""
-        if self.depth == 0:
-            return cands[0]
         options: list[Candidate | None] = list(cands)
         if b.any_memory():
             options.append(None)  # waiting only helps if it spares a running decode
+        self.stats.decisions += 1
+        self.stats.with_choice += len(options) >= 2
+        if self.depth == 0:
+            return cands[0]
         names = [c[0].name for c in cands]
         scores = [self._score(view, b, opt, names) for opt in options]
-        return options[min(range(len(options)), key=lambda i: scores[i])]
+        best = options[min(range(len(options)), key=lambda i: scores[i])]
+        if best is not cands[0]:  # greedy (depth 0) takes the first candidate
+            self.stats.differed += 1
+            self.stats.deferred += best is None
+        return best
 
     def _score(self, view: View, b: Board, opt: Candidate | None, names: list[str]) -> float:
         st = self._forecast_state(view, b)
