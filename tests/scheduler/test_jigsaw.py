@@ -158,7 +158,7 @@ def test_greedy_is_jigsaw_with_its_params_but_no_lookahead() -> None:
 
 def test_migration_happens_and_conserves_samples() -> None:
     exp = resolve(cfg(n=2, devices=8, batch=32, task="math", steps=2))
-    rec = Recorder(get_policy("jigsaw"))
+    rec = Recorder(get_policy("jigsaw", {"fallback": False}))  # jigsaw's own plan migrates
     res = run_once(exp, rec, 3)
     migs = [a for d in rec.decisions for a in d.actions if isinstance(a, Migrate)]
     assert migs
@@ -170,8 +170,8 @@ def test_migration_happens_and_conserves_samples() -> None:
 def test_ablations_run() -> None:
     exp = resolve(cfg(n=2, devices=4, steps=1))
     for params in ({"migration": False}, {"dynamic_shares": False}, {"depth": 3},
-                   {"max_colocated": 2}):
-        res = run_once(exp, get_policy("jigsaw", params), 3)
+                   {"max_colocated": 2}, {"plan_widths": False}):
+        res = run_once(exp, get_policy("jigsaw", {**params, "fallback": False}), 3)
         assert len([e for e in res.events if isinstance(e, StepFinished)]) == 2
 
 
@@ -179,7 +179,7 @@ def test_latency_weight_favours_a_pipeline() -> None:
     base = cfg(n=2, devices=4, steps=3, batch=16, task="math")
     heavy = base.model_copy(update={"pipelines": [
         replace_spec(base.pipelines[0], latency_weight=8.0), base.pipelines[1]]})
-    res = run_once(resolve(heavy), get_policy("jigsaw"), 3)
+    res = run_once(resolve(heavy), get_policy("jigsaw", {"fallback": False}), 3)
     lat = {}
     for e in res.events:
         if isinstance(e, StepFinished):
