@@ -8,13 +8,15 @@ How it decides (every decision point; DESIGN.md §2):
    gets an equal slice of the memory left (the prototype gave each engine ~20% of the device).
 2. **Multiplexing.** A device hosts up to ``max_colocated`` rollout engines of different
    pipelines plus at most one compute-bound stage (log-prob / update): memory-bound decodes pair
-   with each other and with compute-bound training. A rollout takes at most a fair share of the
-   pool's engine slots, on the least-loaded devices. ``max_train_states`` (default 1: the
-   prototype's memory plan) train states may be onloaded at once; with more than one, compute
+   with each other and with compute-bound training. A rollout takes the width the planner
+   gives it (widths by critical path, training pooled: :mod:`.planner`), on the least-loaded
+   devices. ``max_train_states`` (default 1: the prototype's memory plan) train states may be
+   onloaded at once, the slot going to the most urgent pipeline; with more than one, compute
    stages of different pipelines run side by side on disjoint devices, each leaving devices
    for the pipelines not computing (worth it where a stage gains little from more devices, as
    on the CPU Ray executor, which runs a stage in one worker process; the GPU simulation is
-   slower with it, ``bench paper --quick``).
+   slower with it, ``bench paper --quick``). Where a verl placement is predicted no worse
+   (memory-tight groups, one pipeline alone), that placement runs instead (:mod:`.fallback`).
 3. **Dynamic allocation.** The split of a device's compute between co-located sub-stages is chosen
    from the belief slowdown table over the discrete share levels, maximising the weighted progress
    rate ``Σ w / slowdown(stage, share)`` (``dynamic_shares=False``: an equal split).
@@ -40,6 +42,8 @@ Layout (one seam per module; :class:`JigsawPolicy` only orchestrates them, and a
 through them in this order, predictions being asked for throughout):
 
 - :mod:`.params` — :class:`JigsawParams`, the validated ``scheduler.params``;
+- :mod:`.fallback` — the verl placements run instead when predicted no worse (no losses);
+- :mod:`.planner`, :mod:`.widths`, :mod:`.plan_forecast` — rollout widths by critical path;
 - :mod:`.residency` — the memory plan (engine KV slices) and the train states' onload/offload;
 - :mod:`.board` — the decision's board: who holds which device, at what share, memory free;
 - :mod:`.tail` — long-tail migration (4);
