@@ -1,6 +1,9 @@
 """``jigsawrl bench real`` and ``jigsawrl run --ray``'s report: how runs are related (verl, alone),
-CLI errors (exit 2, one message, no traceback, before any real run), the tables, and one short
-end-to-end real bench (``slow``: two real runs, ~1-2 minutes on a 2-core machine).
+labels (``verl``, ``verl-queue-K``), repeats (interleaving, median and range, compare.json's
+shape: with the real run stubbed), CLI errors (exit 2, one message, no traceback, before any real
+run), the tables, and one short end-to-end real bench (``slow``: two real runs, ~1-2 minutes on a
+2-core machine). The real repeats test is in ``tests/executors/test_ray_verl_placements.py``
+(it shares that module's Ray).
 """
 
 from __future__ import annotations
@@ -14,7 +17,18 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from jigsawrl.bench.real import BenchRealResult, BenchRealSpec, _relate, run_bench_real
+import jigsawrl.bench.real as bench_real
+from jigsawrl.bench.real import (
+    BenchCompare,
+    BenchRealResult,
+    BenchRealSpec,
+    Spread,
+    _relate,
+    expand_labels,
+    label_config,
+    median_summary,
+    run_bench_real,
+)
 from jigsawrl.bench.real_report import (
     bench_notes,
     bench_pipeline_table,
@@ -25,8 +39,8 @@ from jigsawrl.bench.real_report import (
 )
 from jigsawrl.cli.main import app
 from jigsawrl.config import load_config
+from jigsawrl.errors import ConfigError
 from jigsawrl.experiments.calibrate import Calibration, Compared
-from jigsawrl.experiments.compare import CompareResult
 
 runner = CliRunner()
 BENCH = "configs/real/bench.yaml"
@@ -41,7 +55,7 @@ def fake_summary(policy: str, tokens_per_s: float, lat: dict[str, float]) -> dic
 
 def fake_result(runs: dict[str, dict[str, Any]]) -> BenchRealResult:
     cfg = load_config(BENCH)
-    res = BenchRealResult(cfg, CompareResult([], [0], "verl"))
+    res = BenchRealResult(cfg, BenchCompare([], [0], "verl"))
     res.compare.runs = {p: [s] for p, s in runs.items()}
     return res
 
@@ -81,7 +95,7 @@ def test_tables_and_notes_render_measured_and_predicted() -> None:
                                          "makespan_s": Compared(10.0, 8.0)},
                       {"countdown": {"step_latency_s": Compared(1.2, 1.0),
                                      "tokens_per_s": Compared(1.0, 1.25)}}, {})
-    res.calibrations["jigsaw"] = cal
+    res.calibrations["jigsaw"] = [cal]
     _relate(res, ("verl-serial", "jigsaw"))
     console = Console(width=200, record=True)
     for t in (bench_table(res), bench_pipeline_table(res)):
@@ -91,6 +105,163 @@ def test_tables_and_notes_render_measured_and_predicted() -> None:
     assert "1.00 (-17%)" in text
     notes = "\n".join(bench_notes(res))
     assert "verl-split skipped" in notes and "1.60×" in notes and "MISSES the 10% aim" in notes
+
+
+def test_verl_is_the_best_of_every_placement_including_the_queue() -> None:
+    res = fake_result({
+        "verl-serial": fake_summary("verl-serial", 100.0, {"a": 1.0}),
+        "verl-queue-2": fake_summary("verl-queue", 140.0, {"a": 1.2}),
+        "verl-sized": fake_summary("verl-sized", 120.0, {"a": 1.1}),
+        "jigsaw": fake_summary("jigsaw", 168.0, {"a": 1.3})})
+    _relate(res, ("verl-serial", "verl-sized", "verl-queue-2", "jigsaw"))
+    assert res.compare.policies == ["verl-serial", "verl-sized", "verl-queue-2", "verl",
+                                    "jigsaw"]
+    assert res.summaries["verl"]["variant"] == "verl-queue-2"
+    assert res.ratio("jigsaw") == pytest.approx(1.2)
+    from rich.console import Console
+
+    console = Console(width=200, record=True)
+    console.print(bench_table(res))
+    assert "verl=verl-queue-2" in console.export_text()
+    assert "verl-queue-2" in "\n".join(bench_notes(res))
+
+
+def test_labels_expand_and_queue_labels_carry_k() -> None:
+    cfg = load_config(BENCH)  # three pipelines: only k = 2 lies between serial and split
+    labels, left = expand_labels(("verl", "jigsaw", "verl-serial"), cfg)
+    assert labels == ["verl-split", "verl-serial", "verl-sized", "verl-queue-2", "jigsaw"]
+    assert left == {}
+    assert expand_labels(("verl-queue",), cfg)[0] == ["verl-queue-2"]
+    two = cfg.model_copy(update={"pipelines": cfg.pipelines[:2]})
+    labels, left = expand_labels(("verl-queue", "jigsaw"), two)
+    assert labels == ["jigsaw"] and "verl-queue" in left
+    run_cfg, name = label_config(cfg, "verl-queue-2")
+    assert name == "verl-queue" and run_cfg.scheduler.params == {"k": 2}
+    assert label_config(cfg, "jigsaw") == (cfg, "jigsaw")
+    for bad in ("verl-queue-0", "verl-queue-two", "nonsense"):
+        with pytest.raises(ConfigError, match="--policies"):
+            expand_labels((bad,), cfg)
+    with pytest.raises(ConfigError, match="no policies"):
+        expand_labels((), cfg)
+
+
+def test_dry_run_places_queue_and_skips_what_cannot_hold_the_pipelines() -> None:
+    cfg = load_config(BENCH)  # 3 pipelines, 2 devices
+    assert bench_real.feasibility(cfg, "verl-queue-2") is None
+    assert "verl-sized needs at least 3 devices" in (bench_real.feasibility(cfg, "verl-sized")
+                                                      or "")
+    assert "verl-serial" in (bench_real.feasibility(cfg, "verl-queue-1") or "")
+
+
+# ---------------------------------------------------------------------------- repeats
+
+def test_spread_is_median_and_range() -> None:
+    s = Spread.of([3.0, 1.0, 2.0])
+    assert s is not None and (s.median, s.lo, s.hi, s.n) == (2.0, 1.0, 3.0, 3)
+    s = Spread.of([4.0, None, 1.0, "x", True, 2.0, 10.0])  # not-numbers left out
+    assert s is not None and (s.median, s.lo, s.hi, s.n) == (3.0, 1.0, 10.0, 4)
+    assert Spread.of([None]) is None and Spread.of([]) is None
+    assert Spread.of([5]).to_json() == {"median": 5.0, "min": 5.0, "max": 5.0, "n": 1}
+
+
+def test_median_summary_takes_medians_of_pool_and_pipelines() -> None:
+    runs = [fake_summary("jigsaw", v, {"a": lat}) for v, lat in ((100.0, 3.0), (300.0, 1.0),
+                                                                  (200.0, 2.0))]
+    runs[1]["busy_fraction"] = None  # a run without the value does not count
+    m = median_summary(runs)
+    assert m["throughput_tokens_per_s"] == 200.0 and m["repeats"] == 3
+    assert m["spread"]["throughput_tokens_per_s"] == [100.0, 300.0]
+    assert m["busy_fraction"] == 0.5 and m["pipelines"][0]["mean_step_latency_s"] == 2.0
+    one = median_summary(runs[:1])
+    assert one["throughput_tokens_per_s"] == 100.0 and one["repeats"] == 1
+
+
+def stub_bench(monkeypatch: pytest.MonkeyPatch, tput: dict[str, list[float | None]],
+               infeasible: tuple[str, ...] = ()) -> list[tuple[str, int]]:
+    """Replace the real run (and the dry run) by canned summaries: ``tput[label][r - 1]`` is
+    repeat r's tokens/s, None a failed run. Returns the calls, in order."""
+    calls: list[tuple[str, int]] = []
+
+    def fake_run(spec: Any, cfg: Any, label: str, profile: Any,
+                 repeat: int) -> tuple[dict[str, Any] | None, None, str | None]:
+        calls.append((label, repeat))
+        v = tput[label][repeat - 1]
+        if v is None:
+            return None, None, "RuntimeError: worker died"
+        s = fake_summary(label, v, {"countdown": 100.0 / v})
+        s.update(repeat=repeat, label=label, predicted={"pool": {"makespan_s": {}}})
+        return s, None, None
+
+    monkeypatch.setattr(bench_real, "_run_label", fake_run)
+    monkeypatch.setattr(bench_real, "feasibility",
+                        lambda cfg, label: "ConfigError: no" if label in infeasible else None)
+    return calls
+
+
+def test_repeats_interleave_and_compare_json_holds_every_run(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    calls = stub_bench(monkeypatch, {"verl-serial": [100.0, 120.0],
+                                     "verl-queue-2": [150.0, 90.0], "jigsaw": [200.0, 180.0]},
+                       infeasible=("verl-sized",))
+    spec = BenchRealSpec(config=Path(BENCH), repeats=2, out_dir=tmp_path,
+                         policies=("jigsaw", "verl-serial", "verl-sized", "verl-queue-2"))
+    res = run_bench_real(spec)
+    assert calls == [(p, r) for r in (1, 2) for p in ("verl-serial", "jigsaw", "verl-queue-2")]
+    doc = json.loads((tmp_path / "compare.json").read_text())
+    assert doc["repeats"] == 2 and doc["skipped"].keys() == {"verl-sized"}
+    for label in ("verl-serial", "verl-queue-2", "jigsaw", "verl"):
+        assert [s["repeat"] for s in doc["runs"][label]] == [1, 2]
+        assert all("predicted" in s for s in doc["runs"][label])
+    # medians: serial 110, queue 120 -> verl is the queue; jigsaw 190
+    assert {s["variant"] for s in doc["runs"]["verl"]} == {"verl-queue-2"}
+    assert doc["median"]["jigsaw"]["throughput_tokens_per_s"] == pytest.approx(190.0)
+    assert doc["spread"]["verl"]["throughput_tokens_per_s"] == [90.0, 150.0]
+    assert doc["throughput_ratios"]["jigsaw"]["verl"] == pytest.approx(190.0 / 120.0)
+    assert doc["per_repeat_ratios"]["jigsaw"] == pytest.approx([200 / 150, 180 / 90])
+    assert res.ratio("jigsaw") == pytest.approx(190.0 / 120.0)
+    assert res.alone_s == {"countdown": pytest.approx(median_summary(
+        res.compare.runs["verl-serial"])["pipelines"][0]["mean_step_latency_s"])}
+    for label in ("verl-serial", "jigsaw"):
+        for r in (1, 2):
+            assert (tmp_path / label / f"repeat-{r}" / "summary.json").is_file()
+    meta = json.loads((tmp_path / "bench_real.json").read_text())
+    assert meta["verl"] == "verl-queue-2" and meta["repeats"] == 2
+    assert meta["jigsaw_vs_verl_per_repeat"] == pytest.approx([200 / 150, 2.0])
+    from rich.console import Console
+
+    console = Console(width=220, record=True)
+    console.print(bench_table(res))
+    text = console.export_text()
+    assert "90–150" in text and "verl=verl-queue-2" in text and "range" in text
+    notes = "\n".join(bench_notes(res))
+    assert "2 repeats, interleaved" in notes and "1.33×, 2.00×" in notes
+
+
+def test_a_run_that_fails_first_is_skipped_a_later_failure_is_a_note(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = stub_bench(monkeypatch, {"verl-serial": [100.0, None, 110.0],
+                                     "greedy": [None, 1.0, 1.0], "jigsaw": [150.0, 160.0, 170.0]})
+    res = run_bench_real(BenchRealSpec(config=Path(BENCH), repeats=3,
+                                       policies=("verl-serial", "greedy", "jigsaw")))
+    assert [c for c in calls if c[0] == "greedy"] == [("greedy", 1)]  # not run again
+    assert "greedy" in res.compare.skipped
+    assert [s["repeat"] for s in res.compare.runs["verl-serial"]] == [1, 3]
+    assert any("verl-serial: repeat 2 failed" in n for n in res.compare.notes)
+    assert res.compare.per_repeat_ratios()["jigsaw"] == pytest.approx([1.5, None, 170 / 110])
+
+
+def test_one_repeat_keeps_todays_layout(monkeypatch: pytest.MonkeyPatch,
+                                        tmp_path: Path) -> None:
+    stub_bench(monkeypatch, {"verl-serial": [100.0], "jigsaw": [150.0]})
+    run_bench_real(BenchRealSpec(config=Path(BENCH), out_dir=tmp_path,
+                                 policies=("verl-serial", "jigsaw")))
+    doc = json.loads((tmp_path / "compare.json").read_text())
+    assert doc["repeats"] == 1 and len(doc["runs"]["jigsaw"]) == 1
+    assert doc["throughput_ratios"]["jigsaw"]["verl"] == pytest.approx(1.5)
+    assert (tmp_path / "jigsaw" / "summary.json").is_file()
+    assert not (tmp_path / "jigsaw" / "repeat-1").exists()
+    with pytest.raises(ConfigError, match="repeats"):
+        run_bench_real(BenchRealSpec(config=Path(BENCH), repeats=0))
 
 
 def test_run_table_and_reward_curves(tmp_path: Path) -> None:
@@ -110,7 +281,8 @@ def test_run_table_and_reward_curves(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("args, needle", [
     (["--config", "nope.yaml"], "config file not found"),
-    (["--policies", "verl"], "verl is derived"),
+    (["--policies", "verl-queue-x"], "'verl-queue-x'"),
+    (["--repeats", "0"], "--repeats"),
     (["--policies", "jigsaw,nonsense"], "'nonsense'"),
     (["--set", "pipelines.0.steps=-1"], "pipelines.0.steps"),
     (["--profile", "missing-profile.yaml"], "profile file not found"),

@@ -6,7 +6,8 @@ What: rich :class:`~rich.table.Table` builders (the CLI prints them; nothing her
   (:func:`run_table`, from a :class:`~jigsawrl.experiments.calibrate.Calibration`);
 - a bench: per policy, measured throughput, ratio to verl, makespan, busy fraction and latency vs
   alone, each with the simulator's prediction beside it (:func:`bench_table`), and per pipeline
-  and policy the step latency (:func:`bench_pipeline_table`);
+  and policy the step latency (:func:`bench_pipeline_table`); with ``--repeats`` the medians
+  over the repeats, the range of tokens/s and the ratio per repeat (:func:`bench_notes`);
 
 and :func:`plot_reward_curves`, the per-step mean reward of each pipeline of a run
 (``summary["pipeline_metrics"]``) as ``reward_curves.png``.
@@ -18,17 +19,15 @@ Why a module of its own: ``metrics/report.py`` renders one summary's shape; thes
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich import box
 from rich.table import Table
 
+from jigsawrl.bench.real import BenchRealResult, Spread
 from jigsawrl.experiments.calibrate import TARGET_REL_ERROR, Calibration, Compared, samples_per_s
-
-if TYPE_CHECKING:
-    from jigsawrl.bench.real import BenchRealResult
 
 log = logging.getLogger(__name__)
 
@@ -126,49 +125,64 @@ def plot_reward_curves(path: Path, summary: Mapping[str, Any]) -> Path | None:
 
 
 def bench_table(result: BenchRealResult) -> Table:
-    """Two rows per policy: measured, then the simulator's prediction of the same run (its
-    largest error in the last column); ×verl is measured."""
+    """Two rows per label: measured, then the simulator's prediction of the same runs (its
+    largest error in the last column); ×verl is measured. With repeats every value is the
+    median over the repeats, ``range`` the lowest–highest tokens/s and ×verl a ratio of
+    medians."""
     runs = result.summaries
+    n = result.compare.repeats
     base = runs.get(result.compare.baseline, {}).get("throughput_tokens_per_s")
+    what = f"median of {n} repeats, " if n > 1 else ""
     table = Table(title=f"bench real: {result.config.name}, {len(result.config.pipelines)} "
                   f"pipelines on {result.config.cluster.num_devices} CPU devices",
-                  caption="each policy: measured, then predicted; smp/s = samples/s, span = "
-                  "makespan, err = largest |error| of step latency / throughput",
+                  caption=f"each policy: measured, then predicted ({what}smp/s = samples/s, "
+                  "span = makespan, err = largest |error| of step latency / throughput)",
                   box=box.SIMPLE_HEAD)
-    for col in ("policy", "tok/s", f"×{result.compare.baseline}", "smp/s", "span s", "busy",
-                "×alone", "err"):
+    cols = ["policy", "tok/s", *(["range"] if n > 1 else []), f"×{result.compare.baseline}",
+            "smp/s", "span s", "busy", "×alone", "err"]
+    for col in cols:
         table.add_column(col, justify="left" if col == "policy" else "right", no_wrap=True)
     for policy, s in runs.items():
         tp = s.get("throughput_tokens_per_s")
         label = f"{policy}={s['variant']}" if s.get("variant") else policy
-        table.add_row(label, _f(tp, ",.0f"), _f(tp / base if tp and base else None, ".2f", "×"),
-                      _f(samples_per_s(s), ".1f"), _f(s.get("makespan_s"), ".1f"),
-                      _f(s.get("busy_fraction"), ".0%"),
+        lo_hi = (s.get("spread") or {}).get("throughput_tokens_per_s")
+        rng = [f"{lo_hi[0]:,.0f}{DASH}{lo_hi[1]:,.0f}" if lo_hi else DASH] if n > 1 else []
+        table.add_row(label, _f(tp, ",.0f"), *rng,
+                      _f(tp / base if tp and base else None, ".2f", "×"),
+                      _f(_median(samples_per_s(x) for x in result.compare.runs[policy]), ".1f"),
+                      _f(s.get("makespan_s"), ".1f"), _f(s.get("busy_fraction"), ".0%"),
                       _f(s.get("mean_latency_vs_solo"), ".2f", "×"), "")
-        cal = result.calibrations.get(policy)
-        if cal is None or s.get("variant"):
+        cals = [c for c in result.calibrations.get(policy, []) if c is not None]
+        if not cals or s.get("variant"):
             continue
-        pool, pred = cal.pool, s.get("predicted") or {}
-        table.add_row("  predicted", _pred(pool.get("throughput_tokens_per_s"), ",.0f"), "",
-                      _pred(pool.get("samples_per_s"), ".1f"),
-                      _pred(pool.get("makespan_s"), ".1f"),
-                      _pred(pool.get("busy_fraction"), ".0%"),
-                      _f(pred.get("mean_latency_vs_solo"), ".2f", "×"),
-                      _f(cal.max_abs_rel_error, ".0%"), style="dim")
+        pred_vs = _median((x.get("predicted") or {}).get("mean_latency_vs_solo")
+                          for x in result.compare.runs[policy])
+        table.add_row("  predicted", _pred(cals, "throughput_tokens_per_s", ",.0f"),
+                      *([""] if n > 1 else []), "", _pred(cals, "samples_per_s", ".1f"),
+                      _pred(cals, "makespan_s", ".1f"), _pred(cals, "busy_fraction", ".0%"),
+                      _f(pred_vs, ".2f", "×"),
+                      _f(_median(c.max_abs_rel_error for c in cals), ".0%"), style="dim")
     for policy in result.compare.skipped:  # why: in bench_notes, under the table
-        table.add_row(policy, "skipped", *[DASH] * 6, style="dim")
+        table.add_row(policy, "skipped", *[DASH] * (len(cols) - 2), style="dim")
     return table
 
 
-def _pred(c: Compared | None, spec: str) -> str:
-    return DASH if c is None or c.predicted is None else _f(c.predicted, spec)
+def _median(values: Iterable[Any]) -> float | None:
+    s = Spread.of(values)
+    return None if s is None else s.median
+
+
+def _pred(cals: list[Calibration], key: str, spec: str) -> str:
+    """The median over repeats of the predicted pool quantity ``key``."""
+    return _f(_median(c.pool[key].predicted for c in cals if key in c.pool), spec)
 
 
 def bench_pipeline_table(result: BenchRealResult) -> Table:
     """Per pipeline: mean step latency under each policy, measured (×alone), then predicted
-    (error)."""
+    (error); with repeats both are medians over the repeats."""
     runs = {p: s for p, s in result.summaries.items() if not s.get("variant")}
-    table = Table(title="mean step latency, s: measured ×alone, then predicted (error)",
+    what = " (medians of repeats)" if result.compare.repeats > 1 else ""
+    table = Table(title=f"mean step latency, s: measured ×alone, then predicted (error){what}",
                   box=box.SIMPLE_HEAD)
     table.add_column("pipeline", no_wrap=True)
     table.add_column("alone s", justify="right")
@@ -180,11 +194,12 @@ def bench_pipeline_table(result: BenchRealResult) -> Table:
             row = next((q for q in s["pipelines"] if q["name"] == p.name), {})
             measured.append(f"{_f(row.get('mean_step_latency_s'))} "
                             f"{_f(row.get('latency_vs_solo'), '.2f', '×')}")
-            cal = result.calibrations.get(policy)
-            c = cal.pipelines.get(p.name, {}).get("step_latency_s") if cal else None
-            err = c.rel_error if c else None
-            predicted.append(DASH if c is None or c.predicted is None else
-                             f"{_f(c.predicted)}" + ("" if err is None else f" ({err:+.0%})"))
+            cals = [c for c in result.calibrations.get(policy, []) if c is not None]
+            pred = _median(c.pipelines.get(p.name, {}).get("step_latency_s", Compared(
+                None, None)).predicted for c in cals)
+            err = Compared(row.get("mean_step_latency_s"), pred).rel_error
+            predicted.append(DASH if pred is None else
+                             _f(pred) + ("" if err is None else f" ({err:+.0%})"))
         table.add_row(p.name, _f(result.alone_s.get(p.name)), *measured)
         table.add_row("  predicted", "", *predicted, style="dim")
     return table
@@ -192,23 +207,61 @@ def bench_pipeline_table(result: BenchRealResult) -> Table:
 
 def bench_notes(result: BenchRealResult) -> list[str]:
     """The lines that say how to read the tables and whether the aims were met."""
+    compare, n = result.compare, result.compare.repeats
+    verl = compare.runs.get("verl", [{}])[0].get("variant")
     notes = ["alone = each pipeline's mean step latency under verl-serial (each pipeline runs "
-             "alone on the whole pool, one after another); verl = best of verl-split and "
-             "verl-serial by measured tokens/s"]
-    for policy, why in result.compare.skipped.items():
+             "alone on the whole pool, one after another); verl = the best verl placement that "
+             "ran (verl-split, verl-serial, verl-sized, verl-queue-K) by "
+             + ("median " if n > 1 else "") + "measured tokens/s"
+             + (f": {verl}" if verl else "")]
+    if n > 1:
+        notes.append(f"{n} repeats, interleaved (repeat 1 of every policy, then repeat 2, ...): "
+                     "values are medians, range = lowest–highest, ratios of medians")
+    for policy, why in compare.skipped.items():
         lines = [x.strip() for x in why.splitlines() if x.strip()]
         fix = next((x for x in lines[1:] if x.startswith("fix:")), None)
         notes.append(f"{policy} skipped: {lines[0] if lines else 'did not run'}"
                      + (f" ({fix})" if fix else ""))
+    notes += compare.notes
     ratio = result.ratio("jigsaw")
-    if ratio is not None:
+    if ratio is not None and n == 1:
         notes.append(f"jigsaw / verl measured tokens/s: {ratio:.2f}× "
                      f"({'meets' if ratio >= 1.5 else 'below'} the 1.5× aim)")
-    for policy, cal in result.calibrations.items():
-        notes.append(f"{policy}: {error_note(cal)}")
-        notes += [f"{policy}: {line}" for line in cal.notes]
+    elif ratio is not None:
+        each = compare.per_repeat_ratios("verl").get("jigsaw", [])
+        worst = min((r for r in each if r is not None), default=None)
+        notes.append(f"jigsaw / verl measured tokens/s: {ratio:.2f}× (ratio of medians; aim "
+                     f">= 1.3×), per repeat " + ", ".join(_f(r, ".2f", "×") for r in each)
+                     + (f" (aim >= 1.0× in every repeat: "
+                        f"{'met' if worst >= 1.0 else 'missed'})" if worst is not None else ""))
+    loads = _loads(result)
+    if loads:
+        notes.append(f"1-minute load average before each run: {loads}")
+    for policy, cals in result.calibrations.items():
+        known = [c for c in cals if c is not None]
+        if n == 1 or len(cals) == 1:
+            notes.append(f"{policy}: {error_note(cals[0])}")
+        else:
+            errs = ", ".join(_f(c.max_abs_rel_error if c else None, ".0%") for c in cals)
+            notes.append(f"{policy}: prediction's largest error per repeat {errs} (median "
+                         f"{_f(_median(c.max_abs_rel_error for c in known), '.0%')}; aim "
+                         f"{TARGET_REL_ERROR:.0%})")
+        notes += [f"{policy}: {line}" for line in dict.fromkeys(
+            x for c in known for x in c.notes)]
     notes.append(f"predictions: {_source(result)}")
     return notes
+
+
+def _loads(result: BenchRealResult) -> str:
+    """``label r1 a, r2 b`` per label, from each run's ``load_average_1m`` (empty if none)."""
+    parts = []
+    for policy, runs in result.compare.runs.items():
+        if policy == "verl":
+            continue
+        vals = [(s.get("repeat"), (s.get("load_average_1m") or [None])[0]) for s in runs]
+        if any(v is not None for _, v in vals):
+            parts.append(f"{policy} " + ", ".join(_f(v, ".1f") for _, v in vals))
+    return "; ".join(parts)
 
 
 def _source(result: BenchRealResult) -> str:

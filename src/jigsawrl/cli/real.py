@@ -12,6 +12,7 @@ Example::
     jigsawrl bench trl --task arithmetic --steps 10
     jigsawrl run configs/real/demo.yaml --ray --out runs/demo   # progress, measured vs predicted
     jigsawrl bench real --quick --out /tmp/benchreal           # policies on real pipelines
+    jigsawrl bench real --repeats 3 --out runs/benchreal       # medians of 3, interleaved
 
 ``run --ray`` ends with the simulator's prediction of the run beside the measurement
 (:mod:`jigsawrl.experiments.calibrate`, with ``--profile`` or ``profiles/cpu.yaml`` when present) and writes
@@ -190,23 +191,28 @@ def bench_trl_command(spec_kwargs: dict[str, Any], out: Path | None) -> None:
 
 @user_errors
 def bench_real_command(spec_kwargs: dict[str, Any]) -> None:
-    """``jigsawrl bench real``: one real run per policy, printed with the predictions."""
+    """``jigsawrl bench real``: real runs per policy (``--repeats`` each, interleaved),
+    printed with the predictions."""
     from jigsawrl.bench.real import BenchRealSpec, run_bench_real
     from jigsawrl.bench.real_report import bench_notes, bench_pipeline_table, bench_table
 
     console = Console()
     spec = BenchRealSpec(**spec_kwargs)
-    with console.status("bench real: one real run per policy (each starts Ray and its "
+    n = spec.repeats
+    with console.status("bench real: real runs per policy (each starts Ray and its "
                         "pipelines) ...") as status:
-        def on_run(policy: str, summary: dict[str, Any] | None, why: str | None) -> None:
+        def on_run(label: str, repeat: int, summary: dict[str, Any] | None,
+                   why: str | None) -> None:
+            tag = f"{label} (repeat {repeat}/{n})" if n > 1 and repeat else label
             if summary is None:
-                console.print(f"[yellow]{policy} skipped[/yellow]: {(why or '').splitlines()[0]}",
+                what = "skipped" if repeat <= 1 else "failed"
+                console.print(f"[yellow]{tag} {what}[/yellow]: {(why or '').splitlines()[0]}",
                               highlight=False)
             else:
-                console.print(f"{policy}: {summary['throughput_tokens_per_s']:,.0f} tokens/s, "
+                console.print(f"{tag}: {summary['throughput_tokens_per_s']:,.0f} tokens/s, "
                               f"makespan {summary['makespan_s']:.1f} s (start-up "
                               f"{summary.get('startup_s') or 0:.0f} s)", highlight=False)
-            status.update(f"bench real: {policy} done ...")
+            status.update(f"bench real: {tag} done ...")
 
         result = run_bench_real(spec, on_run=on_run)
     console.print(bench_table(result))
@@ -215,7 +221,8 @@ def bench_real_command(spec_kwargs: dict[str, Any]) -> None:
         console.print(f"- {line}", highlight=False)
     console.print(f"bench wall time {result.wall_s:.0f} s (Ray start-ups included)")
     if spec.out_dir is not None:
-        console.print(f"wrote [bold]{spec.out_dir / 'compare.json'}[/] and a run folder per policy")
+        folders = "a run folder per policy" + (" and repeat" if n > 1 else "")
+        console.print(f"wrote [bold]{spec.out_dir / 'compare.json'}[/] and {folders}")
 
 
 def register(app: typer.Typer, bench_app: typer.Typer) -> None:
@@ -270,8 +277,9 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
              quick: Annotated[bool, typer.Option(
                  help="3 steps per pipeline (~3 min on 2 cores, start-ups included)")] = False,
              policies: Annotated[str, typer.Option(
-                 help="comma-separated; verl is derived from verl-split and verl-serial")] = (
-                 "verl-serial,verl-split,greedy,jigsaw"),
+                 help="comma-separated; verl = every verl placement, verl-queue = every "
+                 "queue width, verl-queue-K one; the verl row is the best placement that "
+                 "ran")] = "verl-serial,verl-split,verl-sized,verl-queue,greedy,jigsaw",
              profile: Annotated[Path | None, typer.Option(
                  help="machine profile for the predictions (default: profiles/cpu.yaml if "
                  "present, else the built-in preset)")] = None,
@@ -280,10 +288,14 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
              out: Annotated[Path | None, typer.Option(
                  "--out", help="write compare.json and a run folder per policy here")] = None,
              threads_per_device: Annotated[int, typer.Option(min=1)] = 1,
+             repeats: Annotated[int, typer.Option(
+                 min=1, help="real runs per policy, interleaved (run 1 of every policy, then "
+                 "run 2, ...); the tables print medians and ranges")] = 1,
              ) -> None:
-        """Real pipelines under jigsaw, verl (split and serial) and greedy: measured throughput,
-        latency vs alone and busy fraction, with the simulator's prediction beside each."""
+        """Real pipelines under jigsaw, every verl placement (the best is verl) and greedy:
+        measured throughput, latency vs alone and busy fraction, with the simulator's
+        prediction beside each."""
         names = tuple(p.strip() for p in policies.split(",") if p.strip())
         bench_real_command(dict(config=config, quick=quick, policies=names, profile=profile,
                                 overrides=tuple(set_ or []), out_dir=out,
-                                threads_per_device=threads_per_device))
+                                threads_per_device=threads_per_device, repeats=repeats))
