@@ -187,9 +187,9 @@ def test_cost_assumptions_and_offload_reach_the_cost_model() -> None:
     with cost_assumptions(s_sat=0.8):
         assert make_cost(exp).params.s_sat == pytest.approx(0.8)
     assert make_cost(exp).deployment.param_offload
-    with pytest.raises(ConfigError, match="unknown cost-model constant"):
-        with cost_assumptions(no_such=1.0):
-            pass
+    with pytest.raises(ConfigError, match="unknown cost-model constant"), \
+            cost_assumptions(no_such=1.0):
+        pass
     raw["pipelines"].append({"name": "b", "model": "qwen3-4b", "task": "gsm8k"})
     with pytest.raises(ConfigError, match="differ in train.param_offload"):
         make_cost(resolve(validate_config(raw)))
