@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from jigsawrl.stages import Stage
+
 
 @dataclass(frozen=True, slots=True)
 class PlanPipe:
@@ -162,7 +164,7 @@ def _works(ps: list[_Pipe], train: _Train, n: int, rates: Rates) -> list[Work]:
         if p.roll_left is not None:
             out.append(("roll", p, p.roll_left, rates.decode_shared if shared else 1.0))
         if p.reward_left is not None:
-            out.append(("reward", p, p.reward_left, 1.0))
+            out.append((Stage.REWARD, p, p.reward_left, 1.0))
         if p.sync_left is not None:
             out.append(("sync", p, p.sync_left, 1.0))
     if train.holder is not None:
@@ -180,7 +182,7 @@ def _advance(kind: str, p: _Pipe, train: _Train, left: float, t: float) -> None:
         if done:
             p.rolled += 1
             p.reward_left = p.spec.reward_s
-    elif kind == "reward":
+    elif kind == Stage.REWARD:
         p.reward_left = None if done else left
         p.waiting += done
     elif kind == "sync":
