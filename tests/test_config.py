@@ -232,3 +232,18 @@ def test_shipped_configs_are_far_below_the_default_budget() -> None:
         raw.pop("bench", None)
         sizes.append(sampled_requests(validate_config(raw)))
     assert max(sizes) <= 25_000 and max(sizes) * 50 < DEFAULT_MAX_REQUESTS
+
+
+def test_a_paper_matrix_file_loads_as_an_ordinary_config() -> None:
+    """``simulate`` / ``compare`` run a configs/paper/ file; its bench block is left to
+    ``bench paper``, and a bench key in a plain dict is still refused."""
+    from pathlib import Path
+
+    from jigsawrl.config import load_config
+
+    path = Path(__file__).resolve().parents[1] / "configs" / "paper" / "sync-gsm8k-math.yaml"
+    cfg = load_config(path)
+    assert len(cfg.pipelines) == 2
+    with pytest.raises(ConfigError, match="bench"):
+        load_config(data={"pipelines": [{"name": "a", "model": "qwen3-4b", "task": "gsm8k"}],
+                          "bench": {}})

@@ -309,6 +309,10 @@ class ExperimentConfig(_Strict):
 
 # --------------------------------------------------------------------------- loading
 
+# The block of a paper-matrix file read by ``jigsawrl bench paper`` (``bench/paper_matrix.py``).
+BENCH_KEY = "bench"
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
                 data: dict[str, Any] | None = None) -> ExperimentConfig:
     """Load a config from YAML (or a dict), apply ``key.path=value`` overrides, validate.
@@ -317,6 +321,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         ConfigError: file missing or not YAML, bad override, or schema violation (names the key).
     """
     raw = _read_yaml(Path(path)) if path is not None else dict(data or {})
+    if path is not None and isinstance(raw.get(BENCH_KEY), dict):
+        # a paper-matrix file (configs/paper/): its bench block is jigsawrl bench paper's
+        # business; the rest is an ordinary config that simulate and compare can run as is
+        raw = {k: v for k, v in raw.items() if k != BENCH_KEY}
     for item in overrides or []:
         apply_override(raw, item)
     return validate_config(raw, source=str(path) if path else "config")
