@@ -74,3 +74,25 @@ def test_waiting_for_devices_counts_in_step_latency() -> None:
     assert second.start_s >= first.end_s - 1e-9  # launched after the first job
     assert lat[second.pipeline] == pytest.approx(second.end_s)  # from its arrival at t = 0
     assert lat[second.pipeline] > second.end_s - second.start_s
+
+
+def test_jigsaw_reports_its_plan_and_look_ahead_in_the_summary() -> None:
+    """The summary says what jigsaw ran (its plan or the verl placement it fell back to), the
+    two predictions it chose between, and how often the look-ahead had a choice and used it."""
+    from jigsawrl.config import load_config
+
+    cfg = load_config(data={
+        "cluster": {"accelerator": "h100-80gb", "num_nodes": 1, "accelerators_per_node": 4},
+        "pipelines": [{"name": f"p{i}", "model": "qwen3-0.6b", "task": t, "batch_size": 8,
+                       "group_size": 2, "max_response_tokens": 1024, "steps": 3}
+                      for i, t in enumerate(("gsm8k", "math", "aime-tool"))],
+        "scheduler": {"name": "jigsaw"}})
+    rep = simulate(cfg, solo=False).summary["policy_report"]
+    plan, la = rep["plan"], rep["lookahead"]
+    assert plan["runs"] in ("jigsaw", plan["verl"])
+    assert plan["verl"].startswith("verl-") and plan["verl_s"] > 0
+    if plan["runs"] == "jigsaw":
+        assert la["decisions"] > 0
+    assert la["deferred"] <= la["differed"] <= la["with_choice"] <= la["decisions"]
+    verl = simulate(cfg, policy="verl-split", solo=False).summary
+    assert "policy_report" not in verl  # a policy with nothing to report adds nothing

@@ -134,7 +134,7 @@ def simulate(cfg: ExperimentConfig, *, policy: str | None = None, seed: int | No
     pol = make_policy(cfg, name)
     variants = list(pol.variants())
     sampler = TruthSampler(seed)
-    best: tuple[float, str, DriverResult] | None = None
+    best: tuple[float, str, DriverResult, Policy] | None = None
     infeasible: list[str] = []
     for v in variants:
         try:
@@ -150,15 +150,17 @@ def simulate(cfg: ExperimentConfig, *, policy: str | None = None, seed: int | No
         tput = throughput(res)
         log.info("%s: %.1f tokens/s", v.name, tput)
         if best is None or tput > best[0]:
-            best = (tput, v.name, res)
+            best = (tput, v.name, res, v)
     if best is None:
         raise ConfigError("no placement of this policy is feasible:\n  " + "\n  ".join(infeasible))
-    _, vname, res = best
+    _, vname, res, ran = best
     ref = solo if isinstance(solo, dict) else (solo_latencies(cfg, seed) if solo else None)
     info = with_bound(run_info(exp, name, seed=seed, solo=ref), bounds(exp, seed, sampler), exp)
     summary = summarize_run(res, info)
     if len(variants) > 1:
         summary["variant"] = vname
+    if report := ran.report():
+        summary["policy_report"] = report
     return SimRun(name, seed, res.events, summary, info, res.decision_times_s,
                   vname if len(variants) > 1 else None)
 

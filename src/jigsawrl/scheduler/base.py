@@ -236,7 +236,8 @@ class Policy(Protocol):
     ``wants_rank_progress``: the executor reports per-rank unfinished counts
     (:class:`~jigsawrl.driver.protocol.RankProgress`) and the driver asks for a decision on each.
     ``variants()``: the placements an experiment runs and keeps the best of (verl's split and
-    serial, ...); a policy with one placement returns ``[self]``.
+    serial, ...); a policy with one placement returns ``[self]``. ``report()``: what it says
+    about its run once the run is over (the summary's ``policy_report``).
     """
 
     name: str
@@ -246,16 +247,23 @@ class Policy(Protocol):
 
     def variants(self) -> Sequence[Policy]: ...
 
+    def report(self) -> dict[str, Any]: ...
+
 
 class PolicyBase:
     """The defaults of :class:`Policy` for a policy class to inherit: one placement, no
-    per-rank progress."""
+    per-rank progress, nothing to report."""
 
     name: str = "policy"
     wants_rank_progress: bool = False
 
     def variants(self) -> Sequence[Policy]:
         return [self]  # type: ignore[list-item]
+
+    def report(self) -> dict[str, Any]:
+        """What the policy says about its run, for the summary's ``policy_report`` (JSON
+        values): the plan it chose and why, how often a mechanism acted. Default: nothing."""
+        return {}
 
 
 PolicyFactory = Callable[..., Policy]

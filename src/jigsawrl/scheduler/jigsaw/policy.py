@@ -4,7 +4,8 @@ pieces at every decision (the package docstring says how it decides)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from jigsawrl.errors import ConfigError
 from jigsawrl.scheduler.base import (
@@ -73,6 +74,15 @@ class JigsawPolicy(PolicyBase):
         self.lookahead = LookAhead(depth, self.predictions)
         self.tail = TailMigration(self.params, self.residency, self.predictions)
         self.shares = ShareAssigner(dynamic_shares, self.predictions.urgency)
+
+    def report(self) -> dict[str, Any]:
+        """What ran (jigsaw's plan or the verl placement it fell back to) and the predicted
+        makespans it chose between; what the look-ahead did (issue 11 item 3)."""
+        out: dict[str, Any] = {"lookahead": asdict(self.lookahead.stats)}
+        if self.choice is not None:
+            out["plan"] = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                           for k, v in asdict(self.choice).items()}
+        return out
 
     def decide(self, view: View) -> Decision:
         if self.choice is None:
