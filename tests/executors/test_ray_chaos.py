@@ -46,6 +46,7 @@ def chaos_config() -> Any:
         ("train.warmup_steps", 2), ("train.checkpoint_every", 1))]
     return load_config("configs/real/demo.yaml",
                        [*sets, "scheduler.params.max_train_states=1",
+                        "scheduler.params.fallback=false",
                         "pipelines.1.rollout.tool_latency_s=0.0"])
 
 

@@ -95,6 +95,9 @@ def _print_ray_result(console: Console, summary: dict[str, Any], cal: Any,
                   highlight=False)
     for line in cal.notes if cal is not None else []:
         console.print(f"- {line}", highlight=False)
+    plan = summary.get("policy_report", {}).get("plan")
+    if plan:
+        console.print(plan_note(plan), highlight=False)
     if out is None:
         return
     curves = plot_reward_curves(out / "reward_curves.png", summary)
@@ -103,6 +106,15 @@ def _print_ray_result(console: Console, summary: dict[str, Any], cal: Any,
                                         "none (this run_real reports no per-step metrics)"))
     console.print(f"results in [bold]{out}[/] (summary.json, events.jsonl, trace.json"
                   f"{', calibration.json' if cal is not None else ''})")
+
+
+def plan_note(plan: dict[str, Any]) -> str:
+    """What jigsaw ran and why: its own plan or the verl placement it fell back to."""
+    own, verl = plan.get("jigsaw_s"), plan.get("verl_s")
+    own_s = f"{own:.0f} s" if isinstance(own, int | float) else "does not fit"
+    verl_s = f"{verl:.0f} s" if isinstance(verl, int | float) else "–"
+    return (f"plan: {plan.get('runs')} (predicted makespan: jigsaw's own plan {own_s}, best verl "
+            f"placement {plan.get('verl')} {verl_s})")
 
 
 @user_errors

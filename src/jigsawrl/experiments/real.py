@@ -211,6 +211,8 @@ def run_real(cfg: ExperimentConfig, *, policy: str | None = None, address: str |
     summary["replaced_devices"] = executor.replaced_devices
     summary["recovered"] = dict(executor.recovered)
     summary["threads_per_device"] = threads_per_device
+    if report := pol.report():
+        summary["policy_report"] = report
     log.info("real run %s under %s: makespan %.1f s, start-up %.1f s, %.0f tokens/s", info.name,
              name, summary["makespan_s"], executor.startup_s,
              summary["throughput_tokens_per_s"] or 0.0)
