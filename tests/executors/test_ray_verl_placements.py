@@ -28,6 +28,9 @@ from jigsawrl.experiments.calibrate import simulate_replay, truth_cost  # noqa: 
 from jigsawrl.experiments.real import run_real  # noqa: E402
 from jigsawrl.experiments.resolve import resolve_real  # noqa: E402
 
+# three real runs (~2-4 min on 2 cores): out of `make test`, run by .ci/run (-m slow)
+pytestmark = pytest.mark.slow
+
 BENCH = "configs/real/bench.yaml"
 PIPES = ("countdown", "calculator", "search")
 TINY = tuple(f"pipelines.{i}.{k}={v}" for i in range(3) for k, v in (
