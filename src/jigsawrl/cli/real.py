@@ -112,6 +112,9 @@ def plan_note(plan: dict[str, Any]) -> str:
     """What jigsaw ran and why: its own plan or the verl placement it fell back to."""
     own, verl = plan.get("jigsaw_s"), plan.get("verl_s")
     own_s = f"{own:.0f} s" if isinstance(own, int | float) else "does not fit"
+    if plan.get("verl") is None:
+        return (f"plan: {plan.get('runs')} (predicted makespan {own_s}; fallback off: the verl "
+                "placements were not considered)")
     verl_s = f"{verl:.0f} s" if isinstance(verl, int | float) else "–"
     return (f"plan: {plan.get('runs')} (predicted makespan: jigsaw's own plan {own_s}, best verl "
             f"placement {plan.get('verl')} {verl_s})")

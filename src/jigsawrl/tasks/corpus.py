@@ -42,6 +42,7 @@ at first use; none ships one inside its wheel.
 
 from __future__ import annotations
 
+import logging
 import random
 import re
 from dataclasses import dataclass
@@ -103,6 +104,8 @@ def _bm25s() -> Any:
     """The ``bm25s`` module, or a ConfigError that says how to install it."""
     try:
         import bm25s
+        # its index build logs a DEBUG line per call through its own handler: keep it quiet
+        logging.getLogger("bm25s").setLevel(logging.WARNING)
     except ImportError:
         raise ConfigError("the search task ranks documents with bm25s, which is not installed",
                           where="task: search",
