@@ -1,0 +1,13 @@
+"""The real-run CLI's own formatting (``jigsawrl.cli.real``)."""
+
+from __future__ import annotations
+
+
+def test_plan_note_says_what_jigsaw_ran() -> None:
+    from jigsawrl.cli.real import plan_note
+
+    fell = plan_note({"runs": "verl-queue-2", "jigsaw_s": 362.0, "verl": "verl-queue-2",
+                      "verl_s": 361.0})
+    assert "plan: verl-queue-2" in fell and "362 s" in fell and "verl-queue-2 361 s" in fell
+    own = plan_note({"runs": "jigsaw", "jigsaw_s": None, "verl": None, "verl_s": None})
+    assert "does not fit" in own and "fallback off" in own
