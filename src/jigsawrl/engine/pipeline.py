@@ -34,7 +34,6 @@ import copy
 import logging
 import os
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -431,11 +430,8 @@ def rollout_metrics(data: StepData, step_s: float) -> dict[str, float]:
     resp = np.array([len(t.response_ids) for t in trajs], dtype=float)
     prompt = np.array([len(t.prompt_ids) for t in trajs], dtype=float)
     tokens = float(resp.sum() + prompt.sum())
-    from jigsawrl.tasks import reward_error_kind
+    from jigsawrl.tasks import reward_error_metrics
 
-    kinds = Counter(reward_error_kind(str(info["error"])) for info in data.reward_infos
-                    if "error" in info)
-    errors = sum(kinds.values())
     return {
         "critic/score/mean": float(rewards.mean()), "critic/score/max": float(rewards.max()),
         "critic/score/min": float(rewards.min()),
@@ -444,8 +440,7 @@ def rollout_metrics(data: StepData, step_s: float) -> dict[str, float]:
         "prompt_length/mean": float(prompt.mean()),
         "env/tool_calls_per_sample": float(np.mean([t.num_tool_calls for t in trajs])),
         "env/tool_wait_s": float(sum(t.tool_wait_s for t in trajs)),
-        "reward/errors": float(errors),
-        **{f"reward/errors/{kind}": float(n) for kind, n in sorted(kinds.items())},
+        **reward_error_metrics(data.reward_infos),
         "perf/total_num_tokens": tokens,
         "perf/throughput": tokens / step_s if step_s > 0 else 0.0,
         "perf/samples_per_s": len(trajs) / step_s if step_s > 0 else 0.0,

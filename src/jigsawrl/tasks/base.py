@@ -41,7 +41,7 @@ import numbers
 import random
 import zlib
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
@@ -239,6 +239,14 @@ def reward_error_kind(reason: str) -> str:
     if reason.startswith("compute_score returned "):
         return "not_finite"
     return "other"
+
+
+def reward_error_metrics(infos: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """The step metrics of :func:`safe_score`'s ``infos``: ``reward/errors`` (samples scored 0
+    for an error) and ``reward/errors/<kind>`` per :func:`reward_error_kind`."""
+    kinds = Counter(reward_error_kind(str(i["error"])) for i in infos if "error" in i)
+    return {"reward/errors": float(sum(kinds.values())),
+            **{f"reward/errors/{k}": float(n) for k, n in sorted(kinds.items())}}
 
 
 @functools.cache

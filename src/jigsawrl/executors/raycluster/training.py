@@ -10,7 +10,6 @@ load a newer version at the start of their next slice.
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import replace
 
 from jigsawrl.driver.protocol import TaskDone
@@ -28,7 +27,7 @@ from jigsawrl.executors.raycluster.residency import Residency
 from jigsawrl.executors.raycluster.rollouts import shard_bounds
 from jigsawrl.scheduler.base import StartStage
 from jigsawrl.stages import MODEL_PASSES, Stage
-from jigsawrl.tasks.base import reward_error_kind
+from jigsawrl.tasks.base import reward_error_metrics
 
 
 class Training:
@@ -124,11 +123,9 @@ class Training:
                 pipe.metrics.setdefault(absolute, {}).update(res.metrics)
         elif isinstance(res, RewardResult):
             scores = res.rewards
-            kinds = Counter(reward_error_kind(str(i["error"])) for i in res.infos if "error" in i)
             pipe.metrics.setdefault(absolute, {}).update(
                 {"critic/score/mean": sum(scores) / max(1, len(scores)),
-                 "reward/errors": float(sum(kinds.values())),
-                 **{f"reward/errors/{k}": float(n) for k, n in kinds.items()}})
+                 **reward_error_metrics(res.infos)})
         elif call.stage == Stage.WEIGHT_SYNC:
             pipe.weights_ref, pipe.version = call.weights, pipe.offset + call.step + 1
             pipe.trajs.pop(call.step, None)
