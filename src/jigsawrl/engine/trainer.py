@@ -28,6 +28,8 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor, nn
 
+from jigsawrl.engine.shared_prompt import shared_prompt_forward, takes_kv_cache
+
 log = logging.getLogger(__name__)
 
 
@@ -110,6 +112,8 @@ class TrainBatch:
         loss_mask: ``[N, T-1]`` 1 on model-generated response tokens (targets), else 0.
         advantages: ``[N]``.
         old_logprobs, ref_logprobs: ``[N, T-1]`` once computed.
+        prompt_lens: ``[N]`` prompt tokens of each row; with it, rows that share a prompt
+            forward it once (:mod:`jigsawrl.engine.shared_prompt`).
     """
 
     input_ids: Tensor
@@ -118,6 +122,7 @@ class TrainBatch:
     advantages: Tensor
     old_logprobs: Tensor | None = None
     ref_logprobs: Tensor | None = None
+    prompt_lens: Tensor | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -136,7 +141,9 @@ class TrainBatch:
                        loss_mask=self.loss_mask[start:stop, : length - 1],
                        advantages=self.advantages[start:stop],
                        old_logprobs=cut(self.old_logprobs, length - 1),
-                       ref_logprobs=cut(self.ref_logprobs, length - 1))
+                       ref_logprobs=cut(self.ref_logprobs, length - 1),
+                       prompt_lens=None if self.prompt_lens is None
+                       else self.prompt_lens[start:stop])
 
     def micro_batches(self, size: int) -> Iterator[TrainBatch]:
         for start in range(0, self.num_seqs, size):
@@ -154,6 +161,8 @@ def build_batch(sequences: list[tuple[list[int], list[int], list[int]]], advanta
     ids = torch.full((n, width), pad_id, dtype=torch.long)
     attn = torch.zeros((n, width), dtype=torch.long)
     loss_mask = torch.zeros((n, width - 1), dtype=torch.float32)
+    has_prompts = all(len(p) > 0 for p, _, _ in sequences)
+    prompt_lens = torch.tensor([len(p) for p, _, _ in sequences], dtype=torch.long)
     for i, (prompt, resp, mask) in enumerate(sequences):
         seq = list(prompt) + list(resp)
         ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
@@ -161,7 +170,8 @@ def build_batch(sequences: list[tuple[list[int], list[int], list[int]]], advanta
         if resp:
             start = len(prompt) - 1  # target index of the first response token
             loss_mask[i, start: start + len(resp)] = torch.tensor(mask, dtype=torch.float32)
-    return TrainBatch(ids, attn, loss_mask, advantages.to(torch.float32))
+    return TrainBatch(ids, attn, loss_mask, advantages.to(torch.float32),
+                      prompt_lens=prompt_lens if has_prompts else None)
 
 
 def _forward_logits(model: nn.Module, batch: TrainBatch) -> Tensor:
@@ -175,17 +185,58 @@ def token_logprobs_from_logits(logits: Tensor, input_ids: Tensor) -> Tensor:
     return logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
 
 
+@dataclass
+class TokenView:
+    """One micro-batch's target tokens as the loss sees them, in either layout: the batch's
+    ``[n, T-1]`` target layout (plain forward) or the response layout of
+    :mod:`jigsawrl.engine.shared_prompt`. Only positions where ``loss_mask`` is 1 matter."""
+
+    logits: Tensor
+    logp: Tensor
+    loss_mask: Tensor
+    old: Tensor | None
+    ref: Tensor | None
+    valid: Tensor | None = None  # response layout: True on real response tokens
+    target_index: Tensor | None = None  # response layout: each token's target-layout column
+
+
+def token_view(model: nn.Module, mb: TrainBatch, share_prompt: bool) -> TokenView:
+    """Forward ``mb`` and return its tokens' logits and log-probs with the matching masks."""
+    if not share_prompt or mb.prompt_lens is None or not takes_kv_cache(model):
+        logits = _forward_logits(model, mb)
+        return TokenView(logits, token_logprobs_from_logits(logits, mb.input_ids), mb.loss_mask,
+                         mb.old_logprobs, mb.ref_logprobs)
+    out = shared_prompt_forward(model, mb.input_ids, mb.attention_mask, mb.prompt_lens)
+    logp = torch.log_softmax(out.logits, dim=-1).gather(-1, out.tokens[..., None]).squeeze(-1)
+    idx, valid = out.target_index, out.valid.to(mb.loss_mask.dtype)
+
+    def pick(t: Tensor | None) -> Tensor | None:
+        return None if t is None else t.gather(1, idx)
+
+    return TokenView(out.logits, logp, mb.loss_mask.gather(1, idx) * valid,
+                     pick(mb.old_logprobs), pick(mb.ref_logprobs), out.valid, idx)
+
+
 @torch.no_grad()
-def compute_logprobs(model: nn.Module, batch: TrainBatch, micro_batch_size: int) -> Tensor:
-    """Log-probs ``[N, T-1]`` of the batch's tokens under ``model`` (no grad, micro-batched)."""
+def compute_logprobs(model: nn.Module, batch: TrainBatch, micro_batch_size: int,
+                     share_prompt: bool = True) -> Tensor:
+    """Log-probs ``[N, T-1]`` of the batch's tokens under ``model`` (no grad, micro-batched).
+
+    With ``share_prompt`` (and prompt lengths in the batch) only response targets are filled
+    (prompt targets are 0): those are the only ones any loss reads."""
     width = batch.input_ids.shape[1] - 1
-    out = torch.zeros((batch.num_seqs, width), dtype=torch.float32)
+    out = torch.zeros((batch.num_seqs, width), dtype=torch.float32,
+                      device=batch.input_ids.device)
     was_training = model.training
     model.eval()
     row = 0
     for mb in batch.micro_batches(micro_batch_size):
-        lp = token_logprobs_from_logits(_forward_logits(model, mb), mb.input_ids)
-        out[row: row + mb.num_seqs, : lp.shape[1]] = lp
+        view = token_view(model, mb, share_prompt)
+        if view.valid is None or view.target_index is None:
+            out[row: row + mb.num_seqs, : view.logp.shape[1]] = view.logp
+        else:
+            rows, j = torch.nonzero(view.valid, as_tuple=True)
+            out[row + rows, view.target_index[rows, j]] = view.logp[rows, j]
         row += mb.num_seqs
     model.train(was_training)
     return out
@@ -206,22 +257,22 @@ def accumulate_grads(model: nn.Module, batch: TrainBatch, total_tokens: float,
     over ``total_tokens`` (the whole step's, so shards add up to the full batch's gradient)."""
     sums = {"pg": 0.0, "kl": 0.0, "ent": 0.0, "clip": 0.0, "ppo_kl": 0.0}
     for mb in batch.micro_batches(cfg.micro_batch_size):
-        logits = _forward_logits(model, mb)
-        logp = token_logprobs_from_logits(logits, mb.input_ids)
-        old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
+        view = token_view(model, mb, cfg.share_prompt)
+        logits, logp, mask = view.logits, view.logp, view.loss_mask
+        old = view.old if view.old is not None else logp.detach()
         pg_tok, clipped = ppo_clip_token_loss(logp, old, mb.advantages, cfg.clip_eps)
-        pg = masked_sum(pg_tok, mb.loss_mask) / total_tokens
+        pg = masked_sum(pg_tok, mask) / total_tokens
         loss = pg
-        if cfg.kl_coef > 0 and mb.ref_logprobs is not None:
-            kl = masked_sum(kl_k3(logp, mb.ref_logprobs), mb.loss_mask) / total_tokens
+        if cfg.kl_coef > 0 and view.ref is not None:
+            kl = masked_sum(kl_k3(logp, view.ref), mask) / total_tokens
             loss = loss + cfg.kl_coef * kl
             sums["kl"] += float(kl.item())
         loss.backward()
         with torch.no_grad():
             sums["pg"] += float(pg.item())
-            sums["ent"] += float(masked_sum(entropy_from_logits(logits), mb.loss_mask))
-            sums["clip"] += float(masked_sum(clipped, mb.loss_mask))
-            sums["ppo_kl"] += float(masked_sum(old - logp, mb.loss_mask))
+            sums["ent"] += float(masked_sum(entropy_from_logits(logits), mask))
+            sums["clip"] += float(masked_sum(clipped, mask))
+            sums["ppo_kl"] += float(masked_sum(old - logp, mask))
     return sums
 
 
@@ -251,6 +302,7 @@ class GRPOConfig:
     ppo_epochs: int = 1
     weight_decay: float = 0.0
     recompute_old_logprobs: bool = True
+    share_prompt: bool = True  # forward each group's prompt once (exact; engine.shared_prompt)
 
 
 class GRPOTrainer:
@@ -286,12 +338,14 @@ class GRPOTrainer:
 
     def old_logprobs(self, batch: TrainBatch) -> Tensor:
         """Recompute the behaviour policy's log-probs with the current actor (before updating)."""
-        return compute_logprobs(self.model, batch, self.config.micro_batch_size)
+        return compute_logprobs(self.model, batch, self.config.micro_batch_size,
+                                self.config.share_prompt)
 
     def ref_logprobs(self, batch: TrainBatch) -> Tensor:
         if self.ref_model is None:
             raise ValueError("no reference model")
-        return compute_logprobs(self.ref_model, batch, self.config.micro_batch_size)
+        return compute_logprobs(self.ref_model, batch, self.config.micro_batch_size,
+                                self.config.share_prompt)
 
     def update(self, batch: TrainBatch) -> dict[str, float]:
         """Run ``ppo_epochs`` optimizer steps over the batch; return verl-named metrics.
