@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import copy
 import logging
+import statistics
 import tempfile
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +45,7 @@ class BenchTrlSpec:
     task: str = "arithmetic"
     batch_size: int = 16
     group_size: int = 4
-    steps: int = 10
+    steps: int = 20
     temperature: float = 1.0
     top_p: float = 1.0
     lr: float = 3e-4
@@ -52,6 +54,7 @@ class BenchTrlSpec:
     seed: int = 0
     threads: int = 1
     recompute_old_logprobs: bool = False  # TRL with num_iterations=1 does not recompute either
+    share_prompt: bool = True  # jigsawrl's shared-prompt forward (exact; off = plain forward)
 
 
 def trl_available() -> tuple[bool, str]:
@@ -77,22 +80,33 @@ def pipeline_spec(b: BenchTrlSpec) -> PipelineSpec:
                         eval_size=0, recompute_old_logprobs=b.recompute_old_logprobs))
 
 
-def _result(b: BenchTrlSpec, step_s: list[float], wall: float,
-            rewards: list[float]) -> dict[str, Any]:
+def _result(b: BenchTrlSpec, step_s: list[float], wall: float, rewards: list[float],
+            stages: dict[str, float]) -> dict[str, Any]:
     samples = b.steps * b.batch_size * b.group_size
     return {"samples_per_s": samples / sum(step_s), "wall_samples_per_s": samples / wall,
-            "wall_s": wall, "step_s": step_s, "reward_per_step": rewards}
+            "wall_s": wall, "step_s": step_s, "reward_per_step": rewards,
+            "reward_mean": statistics.fmean(rewards) if rewards else 0.0,
+            "stage_s_per_step": stages}
+
+
+_JIGSAWRL_STAGES = {"gen": "timing_s/gen", "reward": "timing_s/reward",
+                    "log_probs": ("timing_s/old_log_prob", "timing_s/ref"),
+                    "update": ("timing_s/update_actor", "timing_s/update_weights")}
 
 
 def run_jigsawrl(b: BenchTrlSpec, pipe: Any) -> dict[str, Any]:
-    """Run the steps through :class:`RealPipeline`; throughput and rewards."""
+    """Run the steps through :class:`RealPipeline`; throughput, rewards, per-stage times."""
     rewards, step_s = [], []
+    stages = dict.fromkeys(_JIGSAWRL_STAGES, 0.0)
     t0 = time.perf_counter()
     for step in range(b.steps):
         m = pipe.run_step(step)
         rewards.append(m["critic/score/mean"])
         step_s.append(m["timing_s/step"])
-    return _result(b, step_s, time.perf_counter() - t0, rewards)
+        for stage, keys in _JIGSAWRL_STAGES.items():
+            for key in (keys,) if isinstance(keys, str) else keys:
+                stages[stage] += m.get(key, 0.0) / b.steps
+    return _result(b, step_s, time.perf_counter() - t0, rewards, stages)
 
 
 def run_trl(b: BenchTrlSpec, pipe: Any, model: Any) -> dict[str, Any]:
@@ -113,6 +127,18 @@ def run_trl(b: BenchTrlSpec, pipe: Any, model: Any) -> dict[str, Any]:
         return [safe_score(pipe.task, c, examples[i])[0] for c, i in zip(completions, idx,
                                                                           strict=True)]
 
+    gen_s: list[float] = []
+
+    class TimedGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
+        """TRL's trainer, timing its generate-and-score half (the rest of a step is the
+        update: forward, backward; TRL's ``step_time`` leaves the optimizer step out)."""
+
+        def _generate_and_score_completions(self, *args: Any, **kwargs: Any) -> Any:
+            t = time.perf_counter()
+            out = super()._generate_and_score_completions(*args, **kwargs)
+            gen_s.append(time.perf_counter() - t)
+            return out
+
     with tempfile.TemporaryDirectory() as tmp:
         args = GRPOConfig(
             output_dir=tmp, use_cpu=True, bf16=False, report_to="none", save_strategy="no",
@@ -124,15 +150,17 @@ def run_trl(b: BenchTrlSpec, pipe: Any, model: Any) -> dict[str, Any]:
             temperature=b.temperature, top_p=b.top_p, top_k=0, beta=0.0, epsilon=b.clip_eps,
             loss_type="dapo", scale_rewards="group", shuffle_dataset=False, seed=b.seed,
             dataloader_num_workers=0, disable_dropout=True, disable_tqdm=True)
-        trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args,
+        trainer = TimedGRPOTrainer(model=model, reward_funcs=reward, args=args,
                               train_dataset=Dataset.from_list(rows),
                               processing_class=pipe.tokenizer)
         t0 = time.perf_counter()
         trainer.train()
         wall = time.perf_counter() - t0
     logs = [h for h in trainer.state.log_history if "reward" in h]
-    return _result(b, [float(h["step_time"]) for h in logs], wall,
-                   [float(h["reward"]) for h in logs])
+    step_s = [float(h["step_time"]) for h in logs]
+    gen = statistics.fmean(gen_s) if gen_s else 0.0
+    stages = {"gen+reward": gen, "update": max(statistics.fmean(step_s) - gen, 0.0)}
+    return _result(b, step_s, wall, [float(h["reward"]) for h in logs], stages)
 
 
 def run_bench_trl(b: BenchTrlSpec, cache_dir: Path | None = None) -> dict[str, Any]:
@@ -142,7 +170,8 @@ def run_bench_trl(b: BenchTrlSpec, cache_dir: Path | None = None) -> dict[str, A
     from jigsawrl.engine.pipeline import RealPipeline
 
     pipe = RealPipeline(pipeline_spec(b), b.seed, cache_dir=cache_dir)
-    pipe.start()  # warm start (cached); the model TRL gets is a copy of these weights
+    pipe.start()
+    pipe.trainer.config = replace(pipe.trainer.config, share_prompt=b.share_prompt)  # warm start (cached); the model TRL gets is a copy of these weights
     torch.set_num_threads(b.threads)
     trl_model = copy.deepcopy(pipe.model)
     ours = run_jigsawrl(b, pipe)
@@ -151,4 +180,36 @@ def run_bench_trl(b: BenchTrlSpec, cache_dir: Path | None = None) -> dict[str, A
                            "torch_threads": torch.get_num_threads()}
     if "samples_per_s" in theirs:
         out["speedup"] = ours["samples_per_s"] / theirs["samples_per_s"]
+    return out
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def run_bench_trl_repeats(b: BenchTrlSpec, repeats: int, cache_dir: Path | None = None,
+                          on_run: Callable[[int, dict[str, Any]], None] | None = None,
+                          ) -> dict[str, Any]:
+    """``repeats`` runs of :func:`run_bench_trl` at seeds ``seed, seed+1, ...`` (each seed its
+    own warm start, prompts and samples, the same on both sides); the median and range of the
+    speed-up and of each side's samples/s and mean sampled reward over all steps."""
+    runs = []
+    for r in range(repeats):
+        run = run_bench_trl(replace(b, seed=b.seed + r), cache_dir)
+        runs.append(run)
+        if on_run is not None:
+            on_run(r, run)
+    out: dict[str, Any] = {"spec": b.__dict__, "repeats": repeats, "runs": runs}
+    for side in ("jigsawrl", "trl"):
+        ok = [run[side] for run in runs if "samples_per_s" in run[side]]
+        if ok:
+            out[side] = {"samples_per_s": _spread([x["samples_per_s"] for x in ok]),
+                         "wall_samples_per_s": _spread([x["wall_samples_per_s"] for x in ok]),
+                         "reward_mean": _spread([x["reward_mean"] for x in ok])}
+    speedups = [run["speedup"] for run in runs if "speedup" in run]
+    if speedups:
+        out["speedup"] = _spread(speedups)
+        out["wall_speedup"] = _spread([run["jigsawrl"]["wall_samples_per_s"]
+                                       / run["trl"]["wall_samples_per_s"] for run in runs
+                                       if "speedup" in run])
     return out

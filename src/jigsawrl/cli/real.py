@@ -170,34 +170,60 @@ def _summary_table(summary: dict[str, Any]) -> Table:
 
 
 @user_errors
-def bench_trl_command(spec_kwargs: dict[str, Any], out: Path | None) -> None:
-    """Run both sides and print them side by side."""
-    from jigsawrl.bench.trl import BenchTrlSpec, run_bench_trl, trl_available
+def bench_trl_command(spec_kwargs: dict[str, Any], out: Path | None, repeats: int = 1) -> None:
+    """Run both sides ``repeats`` times (seeds seed, seed+1, ...) and print them side by side:
+    medians and ranges, and where each side's step time goes."""
+    from jigsawrl.bench.trl import BenchTrlSpec, run_bench_trl_repeats, trl_available
 
     ok, why = trl_available()
     console = Console()
     if not ok:
         err.print(f"[yellow]TRL side skipped:[/yellow] {why}", markup=True, highlight=False)
     spec = BenchTrlSpec(**spec_kwargs)
-    with console.status("running jigsawrl, then TRL ..."):
-        result = run_bench_trl(spec)
+
+    def on_run(r: int, run: dict[str, Any]) -> None:
+        mine, theirs = run["jigsawrl"], run["trl"]
+        line = (f"seed {spec.seed + r}: jigsawrl {mine['samples_per_s']:.1f} samples/s, "
+                f"reward {mine['reward_mean']:.3f}")
+        if "speedup" in run:
+            line += (f"; TRL {theirs['samples_per_s']:.1f} samples/s, reward "
+                     f"{theirs['reward_mean']:.3f}; {run['speedup']:.2f}x")
+        console.print(line, highlight=False)
+
+    with console.status("running jigsawrl, then TRL, per seed ..."):
+        result = run_bench_trl_repeats(spec, repeats, on_run=on_run)
+    threads = result["runs"][0]["torch_threads"]
     table = Table(title=f"GRPO {spec.model} on {spec.task}: {spec.batch_size} prompts × "
-                        f"{spec.group_size}, {spec.steps} steps, {result['torch_threads']} thread(s)")
-    for col in ("system", "samples/s (steps)", "samples/s (wall)", "reward step 1",
-                "reward last 3 steps"):
+                        f"{spec.group_size}, {spec.steps} steps, {repeats} seed(s), "
+                        f"{threads} thread(s) — median [min–max]")
+    for col in ("system", "samples/s (steps)", "samples/s (wall)", "mean sampled reward"):
         table.add_column(col)
+
+    def cell(d: dict[str, float], fmt: str) -> str:
+        return f"{d['median']:{fmt}} [{d['min']:{fmt}}–{d['max']:{fmt}}]"
+
     for name in ("jigsawrl", "trl"):
-        r = result[name]
-        if "error" in r:
-            table.add_row(name, "-", "-", "-", r["error"][:60])
+        if name not in result:
+            why_not = result["runs"][0][name].get("error", "no run")
+            table.add_row(name, "-", "-", why_not[:60])
             continue
-        rw = r["reward_per_step"]
-        table.add_row(name, f"{r['samples_per_s']:.1f}", f"{r['wall_samples_per_s']:.1f}",
-                      f"{rw[0]:.3f}" if rw else "-",
-                      f"{sum(rw[-3:]) / len(rw[-3:]):.3f}" if rw else "-")
+        r = result[name]
+        table.add_row(name, cell(r["samples_per_s"], ".1f"), cell(r["wall_samples_per_s"], ".1f"),
+                      cell(r["reward_mean"], ".3f"))
     console.print(table)
+    stages = Table(title="seconds per step, mean over steps and seeds")
+    stages.add_column("system")
+    stages.add_column("stages")
+    for name in ("jigsawrl", "trl"):
+        per = [run[name]["stage_s_per_step"] for run in result["runs"]
+               if "stage_s_per_step" in run[name]]
+        if per:
+            stages.add_row(name, ", ".join(f"{k} {sum(p[k] for p in per) / len(per):.3f}"
+                                           for k in per[0]))
+    console.print(stages)
     if "speedup" in result:
-        console.print(f"jigsawrl / TRL samples/s: {result['speedup']:.2f}x")
+        console.print(f"jigsawrl / TRL samples/s: {cell(result['speedup'], '.2f')}x "
+                      f"(wall: {cell(result['wall_speedup'], '.2f')}x)", highlight=False)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "bench_trl.json").write_text(json.dumps(result, indent=1))
@@ -271,20 +297,24 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
             task: Annotated[str, typer.Option(help="single-turn task")] = "arithmetic",
             batch_size: Annotated[int, typer.Option(min=1)] = 16,
             group_size: Annotated[int, typer.Option(min=2)] = 4,
-            steps: Annotated[int, typer.Option(min=1)] = 10,
+            steps: Annotated[int, typer.Option(min=1)] = 20,
             temperature: float = 1.0, top_p: float = 1.0, lr: float = 3e-4,
             warmup_steps: Annotated[int, typer.Option(min=0)] = 40, seed: int = 0,
             threads: Annotated[int, typer.Option(min=1)] = 1,
             recompute_old_logprobs: Annotated[bool, typer.Option(
                 help="jigsawrl side: separate old-log-prob pass (TRL skips it)")] = False,
+            share_prompt: Annotated[bool, typer.Option(
+                help="jigsawrl side: forward each group's prompt once (exact)")] = True,
+            repeats: Annotated[int, typer.Option(
+                min=1, help="runs at seeds seed, seed+1, ...; medians and ranges")] = 3,
             out: Annotated[Path | None, typer.Option(help="write bench_trl.json here")] = None,
             ) -> None:
         """GRPO through TRL's GRPOTrainer and through jigsawrl: samples/s and reward."""
         bench_trl_command(dict(model=model, task=task, batch_size=batch_size,
                                group_size=group_size, steps=steps, temperature=temperature,
                                top_p=top_p, lr=lr, warmup_steps=warmup_steps, seed=seed,
-                               threads=threads,
-                               recompute_old_logprobs=recompute_old_logprobs), out)
+                               threads=threads, recompute_old_logprobs=recompute_old_logprobs,
+                               share_prompt=share_prompt), out, repeats)
 
     @bench_app.command("real")
     def real(config: Annotated[Path, typer.Option(help="real multi-pipeline config")] = Path(
