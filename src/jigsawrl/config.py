@@ -147,6 +147,11 @@ class TrainSpec(_Strict):
                            "parameters stay in host memory and are copied in for every "
                            "micro-batch of the ref log-prob pass (FSDP CPU offload)")
     threads: int = Field(0, ge=0, le=1024, description="torch threads; 0 = all cores")
+    device: str = Field(
+        "auto", pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$",
+        description="where the engine runs: auto (a CUDA GPU when torch sees one; under Ray, "
+                    "when Ray assigned the worker a GPU), cpu, cuda or cuda:N "
+                    "(engine/device.py; the GPU path is untested until a GPU machine is lent)")
     checkpoint_every: int = Field(0, ge=0, le=MAX_STEPS,
                                   description="steps between checkpoints; 0 = only at end")
 

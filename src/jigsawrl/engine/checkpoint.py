@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from jigsawrl.engine.device import to_host
 from jigsawrl.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -57,15 +58,23 @@ class Checkpoint:
 
 
 def capture_rng() -> dict[str, Any]:
-    """The states of python's, numpy's and torch's global generators."""
-    return {"python": random.getstate(), "numpy": np.random.get_state(),
-            "torch": torch.get_rng_state()}
+    """The states of python's, numpy's and torch's global generators (and CUDA's, once this
+    process has used CUDA)."""
+    state = {"python": random.getstate(), "numpy": np.random.get_state(),
+             "torch": torch.get_rng_state()}
+    if torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
 
 
 def restore_rng(state: dict[str, Any]) -> None:
+    """Restore :func:`capture_rng`'s states (CUDA's only where as many GPUs are seen)."""
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
+    cuda = state.get("cuda")
+    if cuda and torch.cuda.is_available() and torch.cuda.device_count() == len(cuda):
+        torch.cuda.set_rng_state_all(cuda)
 
 
 def save_checkpoint(root: Path, step: int, model: torch.nn.Module,
@@ -88,8 +97,8 @@ def save_checkpoint(root: Path, step: int, model: torch.nn.Module,
     old: Path | None = None
     try:
         with (tmp / _STATE).open("xb") as f:
-            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                        "rng": capture_rng()}, f)
+            torch.save({"model": to_host(model.state_dict()),  # on the CPU: loads anywhere
+                        "optimizer": to_host(optimizer.state_dict()), "rng": capture_rng()}, f)
             _sync(f)
         with (tmp / _META).open("x", encoding="utf-8") as f:
             f.write(meta_text)

@@ -60,10 +60,10 @@ def build_layout(
     """
     start_t = torch.tensor(starts, dtype=torch.long)
     if all(len(seg) == 1 for seg in segments):  # decode: no padding (the common, hot path)
-        input_ids = torch.tensor(segments, dtype=torch.long)
-        position_ids = write_pos = start_t[:, None]
+        input_ids = torch.tensor(segments, dtype=torch.long, device=device)
+        position_ids = write_pos = start_t[:, None].to(device)
         read_len = max(starts) + 1
-    else:
+    else:  # index arithmetic on the host (small), then one copy each to the device
         lens = torch.tensor([len(s) for s in segments], dtype=torch.long)
         width = int(lens.max())
         input_ids = torch.zeros(len(slots), width, dtype=torch.long)
@@ -71,21 +71,24 @@ def build_layout(
             input_ids[b, width - len(seg):] = torch.tensor(seg, dtype=torch.long)
         rel = torch.arange(width)[None, :] - (width - lens)[:, None]  # < 0 on padding
         pos = start_t[:, None] + rel
-        position_ids = pos.clamp(min=0)
-        write_pos = torch.where(rel >= 0, pos, torch.full_like(pos, trash_pos))
+        write_pos = torch.where(rel >= 0, pos, torch.full_like(pos, trash_pos)).to(device)
+        input_ids, position_ids = input_ids.to(device), pos.clamp(min=0).to(device)
         read_len = int((start_t + lens).max())
+    # The mask ([B, 1, T, L], the largest tensor here) is built on the device itself.
     # Padding queries see position 0 (always written, finite) so no softmax row is empty.
-    mask = (torch.arange(read_len)[None, None, :] <= position_ids[:, :, None])[:, None]
+    cols = torch.arange(read_len, device=device)
+    mask = (cols[None, None, :] <= position_ids[:, :, None])[:, None]
     if float_mask_dtype is not None:
-        zero = torch.zeros((), dtype=float_mask_dtype)
-        neg = torch.tensor(torch.finfo(float_mask_dtype).min, dtype=float_mask_dtype)
+        zero = torch.zeros((), dtype=float_mask_dtype, device=device)
+        neg = torch.tensor(torch.finfo(float_mask_dtype).min, dtype=float_mask_dtype,
+                           device=device)
         mask = torch.where(mask, zero, neg)
     return BatchLayout(
-        input_ids=input_ids.to(device),
-        position_ids=position_ids.to(device),
-        attention_mask=mask.to(device),
+        input_ids=input_ids,
+        position_ids=position_ids,
+        attention_mask=mask,
         slots=torch.tensor(slots, dtype=torch.long, device=device),
-        write_pos=write_pos.to(device),
+        write_pos=write_pos,
         read_len=read_len,
         contiguous=slots == list(range(len(slots))),
     )
@@ -188,6 +191,12 @@ class SlotKVCache:
             else:
                 out.append(view.index_select(0, lay.slots))
         return out[0], out[1]
+
+    def copy_prefix(self, src: torch.Tensor, dst: torch.Tensor, length: int) -> None:
+        """Copy positions ``0..length-1`` of slots ``src[i]`` into slots ``dst[i]`` (every
+        layer): a prompt prefilled once serves the other requests with the same prompt."""
+        for store in (*self._keys, *self._values):
+            store[dst, :, :length] = store[src, :, :length]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """Longest sequence of the current batch (transformers asks only without position_ids)."""

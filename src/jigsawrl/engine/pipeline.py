@@ -1,4 +1,4 @@
-"""One real GRPO pipeline on the local CPU, one method per sub-stage.
+"""One real GRPO pipeline on one local device (the CPU, or a CUDA GPU), one method per sub-stage.
 
 What: :class:`RealPipeline` owns the actor, the rollout engine (with its own copy of the weights),
 the optional frozen reference, the task and the datasets. A step is::
@@ -13,6 +13,11 @@ the optional frozen reference, the task and the datasets. A step is::
 Why this shape: a later Ray runtime calls these methods one by one on workers and puts other
 pipelines' sub-stages in between, so each method reads and writes only ``self`` and the
 :class:`StepData` it is given, and :meth:`run_step` is just the six calls, timed.
+
+Device: ``train.device`` (default ``auto``: a CUDA GPU when torch sees one) picks where the
+models, the KV cache and the batches live (:mod:`jigsawrl.engine.device`); what leaves the
+pipeline (weights, train states) is copied to the CPU first. The GPU path is untested until a GPU
+machine is lent (``scripts/gpu-check.sh``).
 
 Determinism: the prompts of step ``s`` and every request's sampling seed derive from
 ``(seed, s)`` only, so a resumed run (model + optimizer restored) repeats the steps it would
@@ -50,6 +55,7 @@ from jigsawrl.engine.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from jigsawrl.engine.device import resolve_device, to_device, to_host
 from jigsawrl.engine.prompts import check_data, render_examples
 from jigsawrl.engine.trainer import (
     GRPOConfig,
@@ -78,16 +84,17 @@ class StepData:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-def build_model_and_tokenizer(model: str, seed: int,
-                              where: str = "pipelines.model") -> tuple[torch.nn.Module, Any]:
-    """An ``ENGINE_MODELS`` preset (random init, char tokenizer) or a local HF model folder."""
+def build_model_and_tokenizer(model: str, seed: int, where: str = "pipelines.model",
+                              device: torch.device | None = None) -> tuple[torch.nn.Module, Any]:
+    """An ``ENGINE_MODELS`` preset (random init, char tokenizer) or a local HF model folder,
+    built on the CPU and then moved to ``device`` (None: left on the CPU)."""
     from jigsawrl.engine.models import ENGINE_MODELS, build_model, load_local_model
     from jigsawrl.errors import ConfigError
 
-    if model in ENGINE_MODELS:
-        return build_model(model, seed=seed)
-    if Path(model).is_dir():
-        return load_local_model(model)
+    if model in ENGINE_MODELS or Path(model).is_dir():
+        net, tokenizer = (build_model(model, seed=seed) if model in ENGINE_MODELS
+                          else load_local_model(model))
+        return (net if device is None else net.to(device)), tokenizer
     raise ConfigError(f"unknown engine model {model!r}", where=where,
                       fix=f"use a preset ({', '.join(ENGINE_MODELS)}) or a local model folder")
 
@@ -136,7 +143,7 @@ def check_pipeline(spec: PipelineSpec, where: str | None = None) -> Any:
 
 
 class RealPipeline:
-    """A GRPO pipeline on the local CPU (see module docstring).
+    """A GRPO pipeline on one local device, the CPU or a CUDA GPU (see module docstring).
 
     Args:
         spec: the pipeline's config section.
@@ -146,11 +153,16 @@ class RealPipeline:
             (a reward that raises or returns a non-number gives 0 with the reason logged).
         task: the pipeline's task already built and checked by :func:`check_pipeline`
             (None: :meth:`start` builds and checks it).
+        device: where models, KV cache and batches live (None: ``spec.train.device`` resolved
+            by :func:`~jigsawrl.engine.device.resolve_device`; a Ray worker passes its own).
     """
 
     def __init__(self, spec: PipelineSpec, seed: int = 0, *, cache_dir: Path | None = None,
-                 reward_fn: Any = None, task: Any = None) -> None:
+                 reward_fn: Any = None, task: Any = None,
+                 device: torch.device | None = None) -> None:
         self.spec = spec
+        self.device = device or resolve_device(spec.train.device,
+                                               where=f"pipelines[{spec.name}].train.device")
         self.seed = seed
         self.cache_dir = cache_dir
         self.reward_fn = reward_fn
@@ -178,7 +190,7 @@ class RealPipeline:
         if self.task is None:
             self.task = check_pipeline(spec)
         self.model, self.tokenizer = build_model_and_tokenizer(
-            spec.model, self.seed, where=f"pipeline {spec.name!r}: model")
+            spec.model, self.seed, where=f"pipeline {spec.name!r}: model", device=self.device)
         size = getattr(self.task, "size", None)
         pool_size = size("train") if callable(size) else POOL_SIZE
         self.pool = render_examples(self.tokenizer,
@@ -243,16 +255,16 @@ class RealPipeline:
         """
         if self.trainer is None:
             raise RuntimeError(f"{self.spec.name}: no train state here to export")
-        ref = self.trainer.ref_model
-        state = {"model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
-                 "optimizer": self.trainer.optimizer.state_dict(),
-                 "ref": None if ref is None else ref.state_dict()}
+        ref = self.trainer.ref_model  # host copies: the state leaves the device (offload)
+        state = {"model": to_host(self.model.state_dict(), copy=True),
+                 "optimizer": to_host(self.trainer.optimizer.state_dict()),
+                 "ref": None if ref is None else to_host(ref.state_dict())}
         self.trainer, self.model = None, None
         return state
 
     def import_train_state(self, state: dict[str, Any]) -> None:
         """Rebuild the actor, optimizer and reference here from :meth:`export_train_state`."""
-        model, _ = build_model_and_tokenizer(self.spec.model, self.seed)
+        model, _ = build_model_and_tokenizer(self.spec.model, self.seed, device=self.device)
         model.load_state_dict(state["model"])
         self.model = model
         self._make_trainer(model)
@@ -262,10 +274,10 @@ class RealPipeline:
             self.trainer.ref_model.load_state_dict(state["ref"])
 
     def actor_weights(self) -> dict[str, torch.Tensor]:
-        """A copy of the actor's weights (what a weight sync broadcasts)."""
+        """A host copy of the actor's weights (what a weight sync broadcasts)."""
         if self.model is None:
             raise RuntimeError(f"{self.spec.name}: no actor here")
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        return to_host(self.model.state_dict(), copy=True)
 
     def new_engine(self, weights: dict[str, torch.Tensor]) -> Any:
         """A fresh rollout engine holding ``weights`` (one per rollout rank on a Ray worker, so
@@ -350,23 +362,25 @@ class RealPipeline:
         data.reward_infos = list(infos)
         adv = group_advantages(data.rewards, self.spec.group_size)
         seqs = [(t.prompt_ids, t.response_ids, t.response_mask) for t in data.trajectories]
-        data.batch = build_batch(seqs, adv, self.tokenizer.pad_token_id)
+        data.batch = to_device(build_batch(seqs, adv, self.tokenizer.pad_token_id), self.device)
 
     def old_logprob(self, data: StepData) -> None:
         """Recompute the behaviour log-probs (skipped when the trainer's on-policy shortcut
         applies: ``recompute_old_logprobs: false`` with one PPO epoch)."""
         assert data.batch is not None, "run reward() first"
-        if not self.trainer.on_policy_shortcut:
-            data.batch.old_logprobs = self.trainer.old_logprobs(data.batch)
+        if not self.trainer.on_policy_shortcut:  # a batch from host memory is moved back first
+            lp = self.trainer.old_logprobs(to_device(data.batch, self.device))
+            data.batch.old_logprobs = lp.to(self.device)
 
     def ref_logprob(self, data: StepData) -> None:
         assert data.batch is not None, "run reward() first"
         if self.trainer.ref_model is not None:
-            data.batch.ref_logprobs = self.trainer.ref_logprobs(data.batch)
+            lp = self.trainer.ref_logprobs(to_device(data.batch, self.device))
+            data.batch.ref_logprobs = lp.to(self.device)
 
     def update(self, data: StepData) -> dict[str, float]:
         assert data.batch is not None, "run reward() first"
-        metrics = self.trainer.update(data.batch)
+        metrics = self.trainer.update(to_device(data.batch, self.device))
         data.metrics.update(metrics)
         return metrics
 

@@ -1,4 +1,5 @@
-"""The rollout engine: batched generation with a KV cache and continuous batching, on CPU.
+"""The rollout engine: batched generation with a KV cache and continuous batching, on the model's
+device (the CPU, or a CUDA GPU: the cache and every pass's tensors are made where the model is).
 
 One `RolloutEngine.step` is one iteration, as in vLLM: admit waiting requests while the KV token
 budget (`max_batch_tokens`) and `max_num_seqs` allow, then run the forward passes: one (or a few,

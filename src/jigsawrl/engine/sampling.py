@@ -5,6 +5,9 @@ what a request samples depends on its seed and its logits only, never on which o
 share the batch; the generator's state travels with an exported request (`rng_state`) so a request
 resumed on another engine goes on drawing the numbers it would have drawn. The draw is an inverse
 CDF over the top-p nucleus, vectorised over the batch; only the uniform draws loop in Python.
+The generators are CPU generators on every device (``engine/device.py``): the draws are then the
+same on a GPU as on the CPU and the state exports as bytes; the batch's uniforms reach the logits'
+device in one small copy, and the sampled tokens come back in one ``tolist``.
 
 The log-prob of a sampled token is ``log_softmax(logits / temperature)`` at that token (plain
 ``log_softmax(logits)`` when the temperature is 0, i.e. greedy): the full-vocabulary distribution,

@@ -11,7 +11,9 @@ out of the loss (found by replaying the demo through the task's own tool), becau
 learns to write ``<r>..</r>`` itself never waits for the tool.
 
 The trained weights are cached under ``cache_dir`` keyed by model, task, seed, steps, lr and batch
-size, so a second run with the same key loads them in milliseconds.
+size, so a second run with the same key loads them in milliseconds. Weights trained on a GPU are
+cached apart from the CPU's (a ``-cuda`` suffix): float results differ between devices, and a run
+on one device must not start from weights another device trained.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from jigsawrl.engine.device import model_device, to_device, to_host
 from jigsawrl.engine.trajectory import encode_prompt, encode_text
 from jigsawrl.tasks import safe_call_tool
 
@@ -138,21 +141,23 @@ def train_sft(model: nn.Module, tokenizer: Any,
     """Run ``spec.steps`` AdamW steps on random mini-batches of ``pairs`` (seeded)."""
     if not pairs:
         raise ValueError("no demonstrations to warm start on")
-    gen = torch.Generator().manual_seed(spec.seed)
+    gen = torch.Generator().manual_seed(spec.seed)  # CPU draws: the same batches on any device
+    device = model_device(model)
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0)
     model.train()
     first = last = float("nan")
     for step in range(spec.steps):
         idx = torch.randint(len(pairs), (min(spec.batch_size, len(pairs)),), generator=gen)
-        ids, attn, labels = _collate([pairs[i] for i in idx.tolist()], tokenizer.pad_token_id)
+        ids, attn, labels = to_device(
+            _collate([pairs[i] for i in idx.tolist()], tokenizer.pad_token_id), device)
         loss = sft_loss(model, ids, attn, labels)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        last = float(loss.item())
-        if step == 0:
-            first = last
+        if step in (0, spec.steps - 1):  # one device sync at each end, not one per step
+            last = float(loss.item())
+            first = last if step == 0 else first
     return {"loss_first": first, "loss_last": last}
 
 
@@ -173,7 +178,9 @@ def warm_start(model: nn.Module, tokenizer: Any, examples: list[Any], spec: Warm
     """
     if spec.steps <= 0:
         return {"cached": False, "duration_s": 0.0, "path": ""}
-    path = (cache_dir or default_cache_dir()) / f"{spec.cache_name()}.safetensors"
+    kind = model_device(model).type
+    suffix = "" if kind == "cpu" else f"-{kind}"  # the CPU's names are unchanged
+    path = (cache_dir or default_cache_dir()) / f"{spec.cache_name()}{suffix}.safetensors"
     t0 = time.perf_counter()
     if path.is_file():
         try:
@@ -186,7 +193,7 @@ def warm_start(model: nn.Module, tokenizer: Any, examples: list[Any], spec: Warm
                                           spec))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    state = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
+    state = {k: v.contiguous() for k, v in to_host(model.state_dict(), copy=True).items()}
     save_file(state, str(tmp))
     tmp.replace(path)
     info.update(cached=False, duration_s=time.perf_counter() - t0, path=str(path))
