@@ -15,8 +15,8 @@ module-level function that pickle finds by name. Received tensors are copied out
 store's read-only buffer, so they are ordinary, writable, owned tensors.
 
 What is kept: values, dtype (bfloat16 and other dtypes numpy lacks travel as same-width integer
-views), shape, ``requires_grad``. What is not: the device (tensors arrive on the CPU; the engine is
-CPU-only today, see docs/RAY.md) and views' sharing with other tensors (each tensor arrives as its
+views), shape, ``requires_grad``. What is not: the device (tensors arrive on the CPU; a worker
+moves what it receives onto its engine's device, ``engine/device.py``) and views' sharing with other tensors (each tensor arrives as its
 own contiguous copy, as with the default pickling of a state dict's distinct tensors). Sparse,
 quantized and other non-strided tensors fall back to ``torch.save`` bytes.
 """

@@ -1,7 +1,8 @@
 """The pipelines one device worker hosts, shared by its rollout side and its train side.
 
 What: every pipeline's spec, its rollout-only copy on this device (task, tokenizer, rollout
-engine; built on first use), the per-pipeline locks that keep a weight sync (which runs beside a
+engine; built on first use) on the torch device it runs on (:func:`worker_device`), the
+per-pipeline locks that keep a weight sync (which runs beside a
 rollout slice, in the worker's "control" concurrency group) from reading a train state being
 changed, and the worker's wall clock.
 
@@ -21,6 +22,26 @@ def spec_from_json(spec_json: str) -> Any:
     from jigsawrl.config import PipelineSpec
 
     return PipelineSpec.model_validate_json(spec_json)
+
+
+def ray_gpus_assigned() -> bool | None:
+    """Whether Ray assigned this worker process a GPU (None: not in a Ray worker)."""
+    try:
+        import ray
+
+        return bool(ray.get_gpu_ids()) if ray.is_initialized() else None
+    except Exception:  # noqa: BLE001 - no runtime context (in-process use)
+        return None
+
+
+def worker_device(spec: Any) -> Any:
+    """The torch device of a pipeline's models on this worker: ``train.device`` where ``auto``
+    is a CUDA GPU exactly when Ray assigned this worker one (``cuda:0``: Ray sets
+    ``CUDA_VISIBLE_DEVICES`` to it), else the CPU (``engine/device.py``)."""
+    from jigsawrl.engine.device import resolve_device
+
+    return resolve_device(spec.train.device, gpus_assigned=ray_gpus_assigned(),
+                          where=f"pipelines[{spec.name}].train.device")
 
 
 def wall_now() -> float:
@@ -56,7 +77,9 @@ class LocalPipelines:
         if pipe is None:
             from jigsawrl.engine.pipeline import RealPipeline
 
-            pipe = RealPipeline(self.specs[name], self.seed, cache_dir=self.cache_dir)
+            spec = self.specs[name]
+            pipe = RealPipeline(spec, self.seed, cache_dir=self.cache_dir,
+                                device=worker_device(spec))
             pipe.start(train=False)
             self.pipes[name] = pipe
         return pipe

@@ -29,7 +29,7 @@ from jigsawrl.executors.raycluster.messages import (
     TrainInit,
     TrainState,
 )
-from jigsawrl.executors.raycluster.worker_pipes import LocalPipelines, wall_now
+from jigsawrl.executors.raycluster.worker_pipes import LocalPipelines, wall_now, worker_device
 from jigsawrl.executors.raycluster.worker_shards import combine_shards
 from jigsawrl.stages import Stage
 
@@ -51,8 +51,9 @@ class TrainHost:
         from jigsawrl.engine.pipeline import RealPipeline
 
         t0 = time.perf_counter()
-        pipe = RealPipeline(self.local.specs[name], self.local.seed,
-                            cache_dir=self.local.cache_dir)
+        spec = self.local.specs[name]
+        pipe = RealPipeline(spec, self.local.seed, cache_dir=self.local.cache_dir,
+                            device=worker_device(spec))
         pipe.start(train=True)
         meta = pipe.restore(Path(ckpt_root)) if ckpt_root else None
         state = TrainState(pipe.export_train_state())
@@ -67,9 +68,11 @@ class TrainHost:
         paths: ~0.4 s for the first onload in a fresh worker, measured); pay them once."""
         import torch
 
+        from jigsawrl.engine.device import model_device
+
         model = pipe.engine.model
         opt = torch.optim.AdamW(model.parameters(), lr=0.0)
-        ids = torch.ones((1, 4), dtype=torch.long)
+        ids = torch.ones((1, 4), dtype=torch.long, device=model_device(model))
         model.train()
         model(input_ids=ids, use_cache=False).logits.float().sum().backward()
         opt.step()
@@ -156,6 +159,8 @@ class TrainHost:
     def shard_payload(self, req: StageRequest, state: TrainState | None, trajectories: Any,
                       rewards: Any) -> tuple[Timed, ShardPayload]:
         """What the data-parallel helpers of a model pass need (call with ``num_returns=2``)."""
+        from jigsawrl.engine.device import to_host
+
         t_start = wall_now()
         name = req.pipeline
         if state is not None:
@@ -164,8 +169,8 @@ class TrainHost:
             data = self.step_data(name, req.step, trajectories, rewards)
             trainer = self.local.pipes[name].trainer
             model = trainer.ref_model if req.stage == Stage.REF_LOGPROB else trainer.model
-            payload = ShardPayload({k: v.detach().clone() for k, v in model.state_dict().items()},
-                                   data.batch, trainer.config)
+            payload = ShardPayload(to_host(model.state_dict(), copy=True), data.batch,
+                                   trainer.config)
         return Timed(t_start=t_start, t_end=wall_now()), payload
 
     def publish(self, req: PublishRequest, state: TrainState | None) -> tuple[Timed, Any]:
