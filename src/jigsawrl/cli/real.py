@@ -188,7 +188,7 @@ def bench_trl_command(spec_kwargs: dict[str, Any], out: Path | None, repeats: in
         if "speedup" in run:
             line += (f"; TRL {theirs['samples_per_s']:.1f} samples/s, reward "
                      f"{theirs['reward_mean']:.3f}; {run['speedup']:.2f}x")
-        console.print(line, highlight=False)
+        console.print(line, highlight=False, soft_wrap=True)
 
     with console.status("running jigsawrl, then TRL, per seed ..."):
         result = run_bench_trl_repeats(spec, repeats, on_run=on_run)
