@@ -446,3 +446,31 @@ def test_context_tokens_counts_the_queued_requests_asked_for(mt) -> None:
     eng.step()
     assert eng.context_tokens({"a"}) == n_a + 1  # running, one token sampled
     assert eng.context_tokens({"nobody"}) == 0
+
+
+def test_a_shared_prompt_is_prefilled_once_and_samples_as_alone(mt, monkeypatch) -> None:
+    """A GRPO group (one prompt, several seeds) beside other prompts: each distinct prompt runs
+    through the model once, and every request samples exactly what it samples alone."""
+    import jigsawrl.engine.batch as batch
+
+    model, tok = mt
+    rows: list[int] = []
+    forward = batch.BatchRunner._forward_rows
+
+    def counted(self, group):  # noqa: ANN001, ANN202
+        rows.append(len(group))
+        return forward(self, group)
+
+    monkeypatch.setattr(batch.BatchRunner, "_forward_rows", counted)
+    sampled = dict(temperature=1.0, top_p=0.9)
+    reqs = [req(tok, f"g{i}", "The quick brown fox", 20, seed=i, **sampled) for i in range(4)]
+    reqs += [req(tok, "o", "1+2=", 20, seed=9, **sampled),
+             req(tok, "g-greedy", "The quick brown fox", 20)]
+    outs = RolloutEngine(model, tok, eos_token_id=-1).generate(reqs)
+    assert rows[0] == 2  # the first pass prefilled "The quick brown fox" once, and "1+2=" once
+    assert len({tuple(o.state.output_ids) for o in outs[:4]}) > 1  # the seeds differ
+    rows.clear()
+    for r, out in zip(reqs, outs, strict=True):
+        solo = RolloutEngine(model, tok, eos_token_id=-1).generate([r])[0]
+        assert solo.state.output_ids == out.state.output_ids
+        assert solo.state.output_logprobs == pytest.approx(out.state.output_logprobs, abs=1e-4)

@@ -100,7 +100,30 @@ class BatchRunner:
         return finishing
 
     def _forward(self, group: list[Seq]) -> torch.Tensor:
-        """Feed each row its pending tokens; return the last position's logits, [B, V]."""
+        """Feed each row its pending tokens; return the last position's logits, [B, V].
+
+        Fresh rows (nothing cached) with identical tokens — a GRPO group's samples of one
+        prompt — are prefilled once: the first such row runs, the others get a copy of its
+        cache positions and its logits (the same keys, values and logits they would compute,
+        as vLLM's prefix caching gives), and each still samples from its own generator."""
+        rep_of = _shared_prefills(group)
+        if not rep_of:
+            return self._forward_rows(group)
+        self.cache.reserve(max(s.slot for s in group) + 1,
+                           max(s.cached_len + len(s.pending()) for s in group))
+        runs = [s for i, s in enumerate(group) if i not in rep_of]
+        where = {id(s): j for j, s in enumerate(runs)}
+        logits = self._forward_rows(runs)
+        copies = sorted(rep_of.items())
+        dst = torch.tensor([group[i].slot for i, _ in copies], device=self.cache.device)
+        src = torch.tensor([group[r].slot for _, r in copies], device=self.cache.device)
+        self.cache.copy_prefix(src, dst, max(len(group[i].pending()) for i, _ in copies))
+        for i, _ in copies:
+            group[i].cached_len += len(group[i].pending())
+        index = [where[id(group[rep_of.get(i, i)])] for i in range(len(group))]
+        return logits[torch.tensor(index, device=logits.device)]
+
+    def _forward_rows(self, group: list[Seq]) -> torch.Tensor:
         segments = [s.pending() for s in group]
         starts = [s.cached_len for s in group]
         self.cache.reserve(max(s.slot for s in group) + 1,
@@ -125,3 +148,21 @@ class BatchRunner:
         text = self._decode(out[max(seq.state.stop_from, len(out) - window):])
         hits = [(text.find(s), i) for i, s in enumerate(seq.state.params.stop) if s in text]
         return seq.state.params.stop[min(hits)[1]] if hits else None
+
+
+def _shared_prefills(group: list[Seq]) -> dict[int, int]:
+    """``{row: the earlier row it copies}`` for fresh rows (nothing cached) of more than one
+    token whose pending tokens equal an earlier fresh row's."""
+    first: dict[tuple[int, ...], int] = {}
+    rep_of: dict[int, int] = {}
+    for i, seq in enumerate(group):
+        if seq.cached_len:
+            continue
+        key = tuple(seq.pending())
+        if len(key) < 2:
+            continue
+        if key in first:
+            rep_of[i] = first[key]
+        else:
+            first[key] = i
+    return rep_of
