@@ -175,6 +175,9 @@ class PipelineView:
     running: tuple[RunningTask, ...]
     history: tuple[StepObservation, ...]
     failed: bool = False
+    # ready() of this (immutable) view, per force_sync: asked for many times per decision
+    _ready: dict[bool, tuple[tuple[int, str], ...]] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def finished(self) -> bool:
@@ -187,6 +190,12 @@ class PipelineView:
         k needs weight sync of step k-1-η (AReaL's bound in model versions). Post-rollout stages of
         step k run in order after that step's rollout, and training is sequential across steps.
         """
+        got = self._ready.get(force_sync)
+        if got is None:
+            got = self._ready[force_sync] = tuple(self._find_ready(force_sync))
+        return list(got)
+
+    def _find_ready(self, force_sync: bool) -> list[tuple[int, str]]:
         if self.finished:
             return []
         seq = stage_sequence(self.spec)

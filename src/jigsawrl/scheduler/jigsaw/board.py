@@ -1,8 +1,10 @@
 """The ``jigsaw`` policy's board: this decision's model of the pool.
 
-Built afresh from the view at every decision (:func:`build_board`) and updated as the decision
+Built from the view at every decision (:func:`build_board`) and updated as the decision
 claims devices (rollout and compute starts, migrations), so that each choice sees the ones made
-before it in the same decision; never kept between decisions. Only tasks that hold compute are on
+before it in the same decision; never kept between decisions. (:class:`BoardCache` builds it
+once per placement of the running tasks and hands each decision a copy-on-write copy: most
+decisions follow a progress report that moved no task, and the copy costs no scan of the pool.) Only tasks that hold compute are on
 it: a rollout (kind ``memory``: memory-bound decode) on the devices of its live ranks, a model
 pass (kind ``compute``) on its devices. Reward, weight sync and memory moves
 (:data:`~jigsawrl.stages.HOST_STAGES`) hold no compute share and are left off.
@@ -11,6 +13,7 @@ pass (kind ``compute``) on its devices. Reward, weight sync and memory moves
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from jigsawrl.scheduler.base import Migrate, RunningTask, View
 from jigsawrl.stages import HOST_STAGES, Stage
@@ -22,7 +25,11 @@ COMPUTE = "compute"  # the kind of a model pass (compute-bound)
 
 @dataclass(slots=True)
 class Board:
-    """Who holds compute on which device, at what share, and the memory left per device."""
+    """Who holds compute on which device, at what share, and the memory left per device.
+
+    ``dev`` is changed only through the claiming methods, which also keep the counts the
+    reading methods answer from (rollouts and passes per device, devices a rollout holds), so
+    that no question scans the pool."""
 
     dev: list[dict[str, float]]  # device -> task id -> share (compute-holding tasks only)
     kind: dict[str, str] = field(default_factory=dict)  # task id -> memory | compute
@@ -31,6 +38,60 @@ class Board:
     ranks: dict[str, list[tuple[int, ...]]] = field(default_factory=dict)  # live rollout ranks
     rank_idx: dict[str, list[int]] = field(default_factory=dict)
     mem_free: list[float] = field(default_factory=list)
+    mem_on: list[int] = field(default_factory=list)  # device -> rollouts on it
+    comp_on: list[int] = field(default_factory=list)  # device -> model passes on it
+    n_comp: int = 0  # (pass, device) placements on the board
+    mem_held: int = 0  # devices holding at least one rollout
+    # Copy-on-write: the devices whose ``dev`` dict this board owns (None: all of them); a
+    # copy shares the others with the board it was copied from.
+    owned: set[int] | None = None
+    token: Any = None  # the placement of running tasks this board was built from (caches)
+    dirty: bool = False  # a claim or a release changed ``dev`` since it was built
+
+    def __post_init__(self) -> None:
+        if len(self.mem_on) == len(self.dev) and len(self.comp_on) == len(self.dev):
+            return  # counts given (a copy)
+        n = len(self.dev)
+        self.mem_on, self.comp_on = [0] * n, [0] * n
+        self.n_comp = self.mem_held = 0
+        for d, tasks in enumerate(self.dev):
+            for t in tasks:
+                self._count(d, self.kind.get(t), +1)
+
+    def copy(self) -> Board:
+        """A board that starts equal to this one and changes alone (``dev`` copy-on-write)."""
+        return Board(list(self.dev), dict(self.kind), dict(self.pipe), dict(self.stage),
+                     dict(self.ranks), dict(self.rank_idx), list(self.mem_free),
+                     list(self.mem_on), list(self.comp_on), self.n_comp, self.mem_held,
+                     set(), self.token, self.dirty)
+
+    def _own(self, d: int) -> dict[str, float]:
+        owned = self.owned
+        if owned is not None and d not in owned:
+            self.dev[d] = dict(self.dev[d])
+            owned.add(d)
+        self.dirty = True
+        return self.dev[d]
+
+    def _count(self, d: int, kind: str | None, step: int) -> None:
+        if kind == MEMORY:
+            before = self.mem_on[d]
+            self.mem_on[d] = before + step
+            self.mem_held += (before == 0) - (before + step == 0)
+        elif kind == COMPUTE:
+            self.comp_on[d] += step
+            self.n_comp += step
+
+    def _put(self, d: int, tid: str, share: float) -> None:
+        tasks = self._own(d)
+        if tid not in tasks:
+            self._count(d, self.kind[tid], +1)
+        tasks[tid] = share
+
+    def _drop(self, d: int, tid: str) -> None:
+        if tid in self.dev[d]:
+            del self._own(d)[tid]
+            self._count(d, self.kind.get(tid), -1)
 
     # ------------------------------------------------------------------ reading
     def count(self, d: int) -> int:
@@ -38,29 +99,28 @@ class Board:
         return len(self.dev[d])
 
     def has_compute(self, d: int) -> bool:
-        return any(self.kind[t] == COMPUTE for t in self.dev[d])
+        return self.comp_on[d] > 0
 
     def mem_slots(self, d: int) -> int:
         """Rollout engines on device ``d`` (a compute stage does not take an engine slot)."""
-        return sum(1 for t in self.dev[d] if self.kind[t] == MEMORY)
+        return self.mem_on[d]
 
     def max_mem_slots(self) -> int:
         """The most rollout engines on any one device."""
-        return max((self.mem_slots(d) for d in range(len(self.dev))), default=0)
+        return max(self.mem_on, default=0)
 
     def any_memory(self) -> bool:
         """Does a rollout hold any device?"""
-        return any(self.kind[t] == MEMORY for dev in self.dev for t in dev)
+        return self.mem_held > 0
 
     def any_compute(self) -> bool:
         """Does a model pass hold any device?"""
-        return any(self.kind.get(t) == COMPUTE for dev in self.dev for t in dev)
+        return self.n_comp > 0
 
     def mem_frac(self) -> float:
         """The fraction of devices that a rollout holds (below 1 after a migration)."""
         n = len(self.dev)
-        held = sum(1 for d in range(n) if any(self.kind.get(t) == MEMORY for t in self.dev[d]))
-        return held / n if n else 1.0
+        return self.mem_held / n if n else 1.0
 
     # ------------------------------------------------------------------ claiming
     def add_running(self, t: RunningTask) -> None:
@@ -74,12 +134,13 @@ class Board:
             self.ranks[t.task_id] = [t.rank_devices[r] for r in live]
             self.rank_idx[t.task_id] = live
             for r in live:
+                share = t.rank_shares[r]
                 for d in t.rank_devices[r]:
-                    self.dev[d][t.task_id] = t.rank_shares[r]
+                    self._put(d, t.task_id, share)
         else:
             self.kind[t.task_id] = COMPUTE
             for d in t.devices:
-                self.dev[d][t.task_id] = t.share
+                self._put(d, t.task_id, t.share)
 
     def claim_rollout(self, tid: str, pipeline: str, devs: list[int], tp: int,
                       need: float) -> None:
@@ -89,21 +150,21 @@ class Board:
         self.ranks[tid] = [tuple(devs[i:i + tp]) for i in range(0, len(devs), tp)]
         self.rank_idx[tid] = list(range(len(self.ranks[tid])))
         for d in devs:
-            self.dev[d][tid] = 0.0
+            self._put(d, tid, 0.0)
             self.mem_free[d] -= need
 
     def claim_compute(self, tid: str, pipeline: str, stage: str, devs: tuple[int, ...]) -> None:
         """A model pass starting on ``devs``; its share is assigned with the others'."""
         self.kind[tid], self.pipe[tid], self.stage[tid] = COMPUTE, pipeline, stage
         for d in devs:
-            self.dev[d][tid] = 0.0
+            self._put(d, tid, 0.0)
 
     def release_ranks(self, m: Migrate) -> None:
         """A migration's source ranks leave their devices."""
         idx = self.rank_idx[m.task_id]
         for r in m.src_ranks:
             for d in self.ranks[m.task_id][idx.index(r)]:
-                self.dev[d].pop(m.task_id, None)
+                self._drop(d, m.task_id)
         keep = [i for i, r in enumerate(idx) if r not in m.src_ranks]
         self.ranks[m.task_id] = [self.ranks[m.task_id][i] for i in keep]
         self.rank_idx[m.task_id] = [idx[i] for i in keep]
@@ -116,4 +177,33 @@ def build_board(view: View) -> Board:
     for pv in view.pipelines:
         for t in pv.running:
             b.add_running(t)
+    b.dirty = False
     return b
+
+
+def placement_key(view: View) -> tuple[tuple[Any, ...], ...]:
+    """Everything of the running tasks that :meth:`Board.add_running` reads, in order."""
+    return tuple((t.task_id, t.pipeline, t.stage, t.share, t.devices, t.rank_devices,
+                  t.rank_shares) for pv in view.pipelines for t in pv.running)
+
+
+class BoardCache:
+    """:func:`build_board`, built once per placement of the running tasks (``placement_key``)
+    and memory in use (the device views), each decision getting a copy-on-write copy."""
+
+    def __init__(self) -> None:
+        self._key: tuple[tuple[Any, ...], ...] | None = None
+        self._devices: tuple[Any, ...] | None = None
+        self._board: Board | None = None
+
+    def board(self, view: View) -> Board:
+        key = placement_key(view)
+        if self._board is None or key != self._key:
+            self._board = build_board(view)
+            self._board.token = object()
+            self._key, self._devices = key, view.devices
+        elif view.devices != self._devices:  # memory in use moved (a residency change)
+            self._board.mem_free = [d.mem_capacity_bytes - d.mem_used_bytes
+                                    for d in view.devices]
+            self._devices = view.devices
+        return self._board.copy()

@@ -103,6 +103,8 @@ class Placement:
         train state at a time, else a fair part of them."""
         n = len(view.devices)
         most = self.params.max_train_states
+        if most == 1 and b.any_compute():
+            return ()  # one compute stage in the pool at a time (one train state resident)
         pool = tuple(d for d in range(n) if not b.has_compute(d))
         if len(pool) < n and most == 1:
             return ()  # one compute stage in the pool at a time (one train state resident)

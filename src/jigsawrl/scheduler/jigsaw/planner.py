@@ -108,11 +108,25 @@ class WidthPlanner:
         scale = self._scale(live)
         rates = self._rates(view, live)
 
+        # Within one plan search the view is fixed: a pipeline at a width, and a plan, are
+        # worked out once however often the search comes back to them.
+        pipes: dict[tuple[str, int], PlanPipe] = {}
+        scores: dict[tuple[int, ...], PlanResult] = {}
+
+        def pipe(p: PipelineView, width: int) -> PlanPipe:
+            got = pipes.get((p.name, width))
+            if got is None:
+                got = pipes[(p.name, width)] = self._pipe(view, p, width, scale)
+            return got
+
         def score(widths: dict[str, int]) -> PlanResult:
-            res = forecast_plan([self._pipe(view, p, widths[p.name], scale) for p in live], n,
-                                rates)
-            return PlanResult(res.makespan_s / scale,
-                              {k: v / scale for k, v in res.finish_s.items()})
+            key = tuple(widths[p.name] for p in live)
+            got = scores.get(key)
+            if got is None:
+                res = forecast_plan([pipe(p, widths[p.name]) for p in live], n, rates)
+                got = scores[key] = PlanResult(res.makespan_s / scale,
+                                               {k: v / scale for k, v in res.finish_s.items()})
+            return got
 
         ladders = {p.name: width_ladder(n, p.spec.rollout_tp) for p in live}
         fixed = self.fixed_widths(view, live)

@@ -18,7 +18,7 @@ from jigsawrl.scheduler.base import (
     View,
     register_policy,
 )
-from jigsawrl.scheduler.jigsaw.board import Board, build_board
+from jigsawrl.scheduler.jigsaw.board import Board, BoardCache
 from jigsawrl.scheduler.jigsaw.fallback import MARGIN, best_verl
 from jigsawrl.scheduler.jigsaw.lookahead import LookAhead
 from jigsawrl.scheduler.jigsaw.params import JigsawParams
@@ -74,6 +74,7 @@ class JigsawPolicy(PolicyBase):
         self.lookahead = LookAhead(depth, self.predictions)
         self.tail = TailMigration(self.params, self.residency, self.predictions)
         self.shares = ShareAssigner(dynamic_shares, self.predictions.urgency)
+        self._boards = BoardCache()
 
     def report(self) -> dict[str, Any]:
         """What ran (jigsaw's plan or the verl placement it fell back to) and the predicted
@@ -89,7 +90,7 @@ class JigsawPolicy(PolicyBase):
             self.choice = self._choose_plan(view)
         if self._delegate is not None:
             return self._delegate.decide(view)
-        board = build_board(view)
+        board = self._boards.board(view)
         urgent = self.predictions.by_urgency(view)  # the train-state slot by urgency
         first = {pv.name for pv in urgent}
         order = urgent + [pv for pv in view.pipelines if pv.name not in first]

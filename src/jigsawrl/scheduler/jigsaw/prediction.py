@@ -46,6 +46,12 @@ class StepPredictions:
         self._predictor = HistoryPredictor(window)
         self._kv_mem_bytes = kv_mem_bytes
         self._pred: dict[tuple[str, int], Prediction] = {}
+        # Urgency memo of one view: (view, the predictions' version, pipeline -> urgency).
+        # The view is immutable and the version moves whenever a prediction is made or
+        # dropped, so a memoised value is the one :meth:`urgency` would compute now.
+        self._version = 0
+        self._memo: tuple[View | None, int, dict[str, tuple[PipelineView, float]]] = (None, -1, {})
+        self._left: tuple[dict[str, float], float] | None = None
 
     def get(self, pipeline: str, step: int) -> Prediction | None:
         """The prediction of a step, if it was made (never makes one)."""
@@ -56,6 +62,7 @@ class StepPredictions:
         key = (pv.name, step)
         if key not in self._pred:
             self._pred[key] = self._predict(view, pv, step)
+            self._version += 1
         return self._pred[key]
 
     def _predict(self, view: View, pv: PipelineView, step: int) -> Prediction:
@@ -93,14 +100,33 @@ class StepPredictions:
 
     def urgency(self, view: View, pv: PipelineView) -> float:
         """Weight × lateness of the current step against its predicted solo time × the share
-        of all remaining work that is this pipeline's (the longest job gates the makespan)."""
+        of all remaining work that is this pipeline's (the longest job gates the makespan);
+        memoised per view (a decision asks for it many times)."""
+        memo_view, version, memo = self._memo
+        if memo_view is not view or version != self._version:
+            memo = {}
+            self._memo = (view, self._version, memo)
+            self._left = None
+        got = memo.get(pv.name)
+        if got is None or got[0] is not pv:
+            got = memo[pv.name] = (pv, self._urgency(view, pv))
+        return got[1]
+
+    def _left_all(self, view: View) -> tuple[dict[str, float], float]:
+        """Each live pipeline's predicted remaining work and their mean (memoised with the
+        urgencies of the same view)."""
+        if self._left is None:
+            left = {p.name: self._left_s(p) for p in view.pipelines if not p.finished}
+            self._left = (left, sum(left.values()) / max(1, len(left)))
+        return self._left
+
+    def _urgency(self, view: View, pv: PipelineView) -> float:
         step = pv.steps_completed
         starts = [t.start_s for t in pv.running if t.step == step and t.stage == Stage.ROLLOUT]
         pred = self._pred.get((pv.name, step))
         if pred is None or pred.step_s <= 0:
             return pv.spec.latency_weight
-        left = {p.name: self._left_s(p) for p in view.pipelines if not p.finished}
-        mean_left = sum(left.values()) / max(1, len(left))
+        left, mean_left = self._left_all(view)
         share = left.get(pv.name, 0.0) / mean_left if mean_left > 0 else 1.0
         ratio = (view.now_s - starts[0]) / pred.step_s if starts else 1.0
         bound = pv.spec.max_latency_ratio

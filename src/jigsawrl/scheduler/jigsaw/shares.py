@@ -31,6 +31,7 @@ from jigsawrl.workload.task_presets import TASKS
 Shares = dict[str, dict[int, float]]  # task id -> device -> compute share
 
 
+@lru_cache(maxsize=4096)
 def level_floor(x: float) -> float:
     """The largest share level not above ``x`` (``x`` itself, at least 0.05, below them all)."""
     fit = [s for s in SHARE_LEVELS if s <= x + 1e-9]
@@ -96,11 +97,25 @@ class ShareAssigner:
     def __init__(self, dynamic: bool, urgency: Callable[[View, PipelineView], float]) -> None:
         self.dynamic = dynamic
         self.urgency = urgency
+        # (board token, urgencies weighed, splits, decreases, increases) of the last clean board
+        self._memo: tuple[object, tuple[tuple[str, float], ...], Shares, list[Action],
+                          list[Action]] | None = None
 
     def share_actions(self, view: View, b: Board, starts: list[Action]) -> list[Action]:
         """Assign every device's split, then emit decreases, starts, increases (in that order,
-        so the driver never sees a device over its compute)."""
-        want = self.assign(view, b)
+        so the driver never sees a device over its compute).
+
+        The splits and changes of a board no claim changed are those of the last decision on
+        the same placement (``Board.token``) when the urgencies they weighed are the same: they
+        are remembered, not worked out again over the pool."""
+        memo = self._memo
+        if not b.dirty and b.token is not None and memo is not None and memo[0] is b.token:
+            pvs = {pv.name: pv for pv in view.pipelines}
+            if all(self.urgency(view, pvs[name]) == w for name, w in memo[1]):
+                _, _, want, down, up = memo
+                return down + [with_share(a, want) for a in starts] + up
+        used: dict[str, float] = {}
+        want = self.assign(view, b, used)
         running = {t.task_id: t for pv in view.pipelines for t in pv.running}
         down: list[Action] = []
         up: list[Action] = []
@@ -112,6 +127,8 @@ class ShareAssigner:
                 continue
             for change in self._changes(b, running[tid], shares):
                 (down if change[1] < change[2] else up).append(change[0])
+        self._memo = None if b.dirty or b.token is None else (
+            b.token, tuple(used.items()), want, list(down), list(up))
         return down + starts + up
 
     @staticmethod
@@ -129,37 +146,56 @@ class ShareAssigner:
                 out.append((SetShare(t.task_id, new, rank=r), new, old))
         return out
 
-    def assign(self, view: View, b: Board) -> Shares:
-        """Per task, per device: its compute share."""
+    def assign(self, view: View, b: Board, used: dict[str, float] | None = None) -> Shares:
+        """Per task, per device: its compute share. Devices holding the same tasks (in the same
+        order) get the same split, so it is worked out once per such set of tasks. ``used``
+        collects the urgencies a split weighed (pipeline -> urgency)."""
         want: Shares = {}
         compute_share = self._compute_shares(view, b)
         urgency = {pv.name: self.urgency(view, pv) for pv in view.pipelines}
         by_name = {pv.name: pv for pv in view.pipelines}
+        kind, pipe = b.kind, b.pipe
+        splits: dict[tuple[str, ...], list[tuple[str, float]]] = {}
         for d, tasks in enumerate(b.dev):
-            mems = [t for t in tasks if b.kind[t] == MEMORY]
-            c = max((compute_share[t] for t in tasks if t in compute_share), default=0.0)
-            for t in tasks:
-                if t in compute_share:
-                    want.setdefault(t, {})[d] = compute_share[t]
-            split = self.rollout_split(view, [by_name[b.pipe[t]] for t in mems],
-                                       [urgency[b.pipe[t]] for t in mems], 1.0 - c)
-            for t, share in zip(mems, split, strict=True):
-                want.setdefault(t, {})[d] = share
+            key = tuple(tasks)
+            split = splits.get(key)
+            if split is None:
+                mems = [t for t in key if kind[t] == MEMORY]
+                if used is not None and self.dynamic and len(mems) == 2:
+                    used.update((pipe[t], urgency[pipe[t]]) for t in mems)
+                c = max((compute_share[t] for t in key if t in compute_share), default=0.0)
+                shares = self.rollout_split(view, [by_name[pipe[t]] for t in mems],
+                                            [urgency[pipe[t]] for t in mems], 1.0 - c)
+                split = splits[key] = [(t, compute_share[t]) for t in key
+                                       if t in compute_share] + list(zip(mems, shares,
+                                                                         strict=True))
+            for t, share in split:
+                got = want.get(t)
+                if got is None:
+                    want[t] = {d: share}
+                else:
+                    got[d] = share
         return want
 
     def _compute_shares(self, view: View, b: Board) -> dict[str, float]:
         """Each model pass's share: the smallest its devices' splits give it."""
         compute_share: dict[str, float] = {}
+        kind = b.kind
+        seen: set[tuple[str, ...]] = set()  # the share depends on the device's tasks only
         for tasks in b.dev:
-            mems = [t for t in tasks if b.kind[t] == MEMORY]
-            comps = [t for t in tasks if b.kind[t] == COMPUTE]
-            if comps and mems:
+            key = tuple(tasks)
+            if key in seen:
+                continue
+            seen.add(key)
+            comps = [t for t in key if kind[t] == COMPUTE]
+            if not comps:
+                continue
+            n_mems = sum(1 for t in key if kind[t] == MEMORY)
+            if n_mems:
                 pv = next(p for p in view.pipelines if p.name == b.pipe[comps[0]])
-                c_share = compute_split(view, pv, len(mems), self.dynamic)[0]
-            elif comps:
-                c_share = 1.0
+                c_share = compute_split(view, pv, n_mems, self.dynamic)[0]
             else:
-                c_share = 0.0
+                c_share = 1.0
             for t in comps:
                 compute_share[t] = min(compute_share.get(t, 1.0), c_share)
         return compute_share

@@ -43,11 +43,17 @@ class TailMigration:
         self.params = params
         self.residency = residency
         self.predictions = predictions
+        # rollout task -> (its inputs, its actions) when they depended on nothing else
+        self._memo: dict[str, tuple[tuple[object, ...], list[Migrate]]] = {}
+        self._capacity: dict[tuple[str, float], int] = {}
 
     def migrate(self, view: View, b: Board) -> list[Action]:
         """Releases and consolidations of every running rollout's ranks."""
         actions: list[Action] = []
         waiting = self._compute_waiting(view, b)
+        live_tasks = {t.task_id for pv in view.pipelines for t in pv.running}
+        for tid in [k for k in self._memo if k not in live_tasks]:
+            del self._memo[tid]
         for pv in view.pipelines:
             per_rank = self._tail_capacity(view, pv)
             for t in pv.running:
@@ -68,6 +74,13 @@ class TailMigration:
     def _tail_capacity(self, view: View, pv: PipelineView) -> int:
         """Requests one rank can hold without KV preemption, assuming each may grow to its cap
         (the scheduler does not know true lengths), and at most ``tail_batch``."""
+        key = (pv.name, self.residency.kv_mem)
+        got = self._capacity.get(key)
+        if got is None:
+            got = self._capacity[key] = self._find_capacity(view, pv)
+        return got
+
+    def _find_capacity(self, view: View, pv: PipelineView) -> int:
         spec = pv.spec
         kv = view.cost.kv_budget_tokens(pv.model, spec.rollout_tp,
                                         max(self.residency.kv_mem, 1.0))
@@ -76,6 +89,23 @@ class TailMigration:
 
     def _tail_actions(self, view: View, pv: PipelineView, t: RunningTask, b: Board,
                       waiting: bool, per_rank: int) -> list[Migrate]:
+        """The task's migrations; remembered while its inputs stay the same, unless they were
+        weighed by :meth:`_worth_moving` (which reads the clock and the other pipelines)."""
+        key = (t.unfinished_per_rank, len(t.rank_devices), tuple(b.rank_idx[t.task_id]),
+               waiting, per_rank)
+        memo = self._memo.get(t.task_id)
+        if memo is not None and memo[0] == key:
+            return list(memo[1])
+        weighed: list[bool] = []
+        out = self._find_tail_actions(view, pv, t, b, waiting, per_rank, weighed)
+        if weighed:
+            self._memo.pop(t.task_id, None)
+        else:
+            self._memo[t.task_id] = (key, list(out))
+        return out
+
+    def _find_tail_actions(self, view: View, pv: PipelineView, t: RunningTask, b: Board,
+                           waiting: bool, per_rank: int, weighed: list[bool]) -> list[Migrate]:
         live = b.rank_idx[t.task_id]
         if len(live) < 2 or len(t.unfinished_per_rank) < len(t.rank_devices):
             return []  # no progress report yet
@@ -85,9 +115,10 @@ class TailMigration:
             return []
         total = sum(left.values())
         keep = max(1, math.ceil(total / per_rank))
-        if waiting and total <= self.params.tail_requests and keep < len(busy) and \
-                self._worth_moving(view, pv, t, busy, keep):
-            return pack(busy, left, keep, per_rank, t.task_id, live)
+        if waiting and total <= self.params.tail_requests and keep < len(busy):
+            weighed.append(True)
+            if self._worth_moving(view, pv, t, busy, keep):
+                return pack(busy, left, keep, per_rank, t.task_id, live)
         drained = tuple(r for r in live if left[r] == 0)
         if drained:  # release idle ranks (no cost: nothing moves)
             return [Migrate(t.task_id, drained, busy[0])]

@@ -63,6 +63,8 @@ class WidthTimer:
         self.kv_mem_bytes = kv_mem_bytes
         self._reqs: dict[str, tuple[int, list[RequestTruth]]] = {}  # pipeline -> (source, reqs)
         self._gen: dict[tuple[str, int, int], float] = {}
+        # (pipeline, source, devices) -> (cost model, post-rollout stage seconds)
+        self._stages: dict[tuple[str, int, int], tuple[object, dict[str, float]]] = {}
 
     def source(self, pv: PipelineView) -> int:
         """Which prediction a pipeline's times come from: the newest observed step + 1 (0: the
@@ -106,13 +108,18 @@ class WidthTimer:
         return self._gen[key]
 
     def stages_s(self, view: View, pv: PipelineView) -> dict[str, float]:
-        """Predicted seconds of each post-rollout stage on the whole pool (full share)."""
-        reqs = self.requests(pv)
-        spec = pv.spec
-        tokens = sum(r.total_tokens for r in reqs)
-        return post_rollout_stages(view.cost, pv.model, len(view.devices), tokens, len(reqs),
-                                   use_ref=spec.use_ref, ppo_epochs=spec.train.ppo_epochs,
-                                   rollout_tp=spec.rollout_tp)
+        """Predicted seconds of each post-rollout stage on the whole pool (full share), cached
+        per prediction source (a copy: the caller may change it)."""
+        key = (pv.name, self.source(pv), len(view.devices))
+        got = self._stages.get(key)
+        if got is None or got[0] is not view.cost:
+            reqs = self.requests(pv)
+            spec = pv.spec
+            tokens = sum(r.total_tokens for r in reqs)
+            got = self._stages[key] = (view.cost, post_rollout_stages(
+                view.cost, pv.model, len(view.devices), tokens, len(reqs), use_ref=spec.use_ref,
+                ppo_epochs=spec.train.ppo_epochs, rollout_tp=spec.rollout_tp))
+        return dict(got[1])
 
     def train_s(self, view: View, pv: PipelineView) -> float:
         """The model passes of one step on the whole pool (pooled training)."""
