@@ -102,10 +102,14 @@ class DriverState:
         per = exp.config.cluster.accelerators_per_node
         self.devices = [DeviceState(i, i // per, exp.accelerator.hbm_bytes)
                         for i in range(exp.num_devices)]
+        # the device views as of the last change of any device (None: one changed since)
+        self._device_views: tuple[DeviceView, ...] | None = None
 
     def view(self, now_s: float, cost: object) -> View:
+        if self._device_views is None:
+            self._device_views = tuple(d.view() for d in self.devices)
         return View(now_s, tuple(p.view() for p in self.pipes.values()),
-                    tuple(d.view() for d in self.devices), self.exp.accelerator,
+                    self._device_views, self.exp.accelerator,
                     self.exp.config.cluster.accelerators_per_node, cost)
 
     @property
@@ -117,6 +121,7 @@ class DriverState:
         for d in devices:
             dev = self._device(d)
             dev._cached = None
+            self._device_views = None
             old = dev.resident.pop(pipeline, 0.0)
             if nbytes > 0:
                 dev.resident[pipeline] = nbytes
@@ -151,6 +156,7 @@ class DriverState:
             self.devices[d].shares[tid] = share
             self.devices[d].working[tid] = mem
             self.devices[d]._cached = None
+            self._device_views = None
 
     def reshare(self, tid: str, share: float, devices: tuple[int, ...] | None = None) -> None:
         devs = [d for d in self.devices if tid in d.shares and (devices is None or d.index in
@@ -161,6 +167,7 @@ class DriverState:
         for dev in devs:
             dev.shares[tid] = share
             dev._cached = None
+            self._device_views = None
 
     def release_devices(self, tid: str, devices: tuple[int, ...]) -> None:
         """Free ``devices`` of a running task (after a migration moved its work away)."""
@@ -170,6 +177,7 @@ class DriverState:
                 del dev.shares[tid]
                 dev.working.pop(tid, None)
                 dev._cached = None
+                self._device_views = None
 
     def release(self, tid: str) -> None:
         for dev in self.devices:
@@ -177,6 +185,7 @@ class DriverState:
                 del dev.shares[tid]
                 dev.working.pop(tid, None)
                 dev._cached = None
+                self._device_views = None
 
     def _device(self, d: int) -> DeviceState:
         if not 0 <= d < len(self.devices):
