@@ -147,6 +147,10 @@ class TrainSpec(_Strict):
                            "parameters stay in host memory and are copied in for every "
                            "micro-batch of the ref log-prob pass (FSDP CPU offload)")
     threads: int = Field(0, ge=0, le=1024, description="torch threads; 0 = all cores")
+    autocast: Literal["off", "bf16"] = Field(
+        "off", description="bf16 autocast of the trainer's forward passes (update and log-prob "
+                           "passes; weights and optimizer stay fp32). Fast on GPUs and on CPUs "
+                           "with AVX512-BF16/AMX; emulated, ~12x slower, on AVX2-only CPUs")
     device: str = Field(
         "auto", pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$",
         description="where the engine runs: auto (a CUDA GPU when torch sees one; under Ray, "

@@ -179,3 +179,32 @@ def test_data_parallel_update_equals_the_whole_batch_step() -> None:
     for p, q in zip(whole.model.parameters(), dp.model.parameters(), strict=True):
         assert torch.allclose(p, q, atol=1e-6)
     assert got == pytest.approx(want, rel=1e-5, abs=1e-7)
+
+
+def test_bf16_autocast_is_an_option_close_to_fp32() -> None:
+    """``train.autocast: bf16`` runs the forwards in bf16 (weights stay fp32); the log-probs
+    are bf16-close to fp32's, and an update still steps."""
+    from jigsawrl.config import TrainSpec
+    from jigsawrl.engine.models import build_model
+    from jigsawrl.engine.trainer import autocast
+
+    assert TrainSpec(autocast="bf16").autocast == "bf16"
+    with pytest.raises(ValueError):
+        TrainSpec(autocast="fp16")
+    model = build_model("qwen2-1m", seed=1)[0]
+    seqs = [([3, 4, 5, 6], [7, 8, 9], [1, 1, 1]), ([3, 4, 5, 6], [9, 8], [1, 1]),
+            ([10, 11], [12, 13, 14, 15], [1, 0, 1, 1])]
+    batch = build_batch(seqs, torch.tensor([1.0, -1.0, 0.5]), 0)
+    fp32 = compute_logprobs(model, batch, 8)
+    bf16 = compute_logprobs(model, batch, 8, autocast_mode="bf16")
+    mask = batch.loss_mask > 0
+    assert not torch.equal(fp32[mask], bf16[mask])  # bf16 really ran
+    assert torch.allclose(fp32[mask], bf16[mask], atol=0.1)
+    with autocast(model, "bf16"):
+        assert torch.get_autocast_dtype("cpu") == torch.bfloat16
+    tr = GRPOTrainer(model, GRPOConfig(lr=1e-2, autocast="bf16"))
+    batch.old_logprobs = tr.old_logprobs(batch)
+    before = [p.detach().clone() for p in model.parameters()]
+    tr.update(batch)
+    assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters(), strict=True))
+    assert all(p.dtype == torch.float32 for p in model.parameters())

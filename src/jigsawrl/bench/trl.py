@@ -55,6 +55,7 @@ class BenchTrlSpec:
     threads: int = 1
     recompute_old_logprobs: bool = False  # TRL with num_iterations=1 does not recompute either
     share_prompt: bool = True  # jigsawrl's shared-prompt forward (exact; off = plain forward)
+    autocast: str = "off"  # "bf16": both sides train with bf16 autocast (TRL's bf16=True)
 
 
 def trl_available() -> tuple[bool, str]:
@@ -77,7 +78,8 @@ def pipeline_spec(b: BenchTrlSpec) -> PipelineSpec:
         rollout=RolloutSpec(temperature=b.temperature, top_p=b.top_p),
         train=TrainSpec(lr=b.lr, clip_eps=b.clip_eps, kl_coef=0.0, warmup_steps=b.warmup_steps,
                         micro_batch_size=b.batch_size * b.group_size, threads=b.threads,
-                        eval_size=0, recompute_old_logprobs=b.recompute_old_logprobs))
+                        eval_size=0, recompute_old_logprobs=b.recompute_old_logprobs,
+                        autocast=b.autocast))
 
 
 def _result(b: BenchTrlSpec, step_s: list[float], wall: float, rewards: list[float],
@@ -141,7 +143,8 @@ def run_trl(b: BenchTrlSpec, pipe: Any, model: Any) -> dict[str, Any]:
 
     with tempfile.TemporaryDirectory() as tmp:
         args = GRPOConfig(
-            output_dir=tmp, use_cpu=True, bf16=False, report_to="none", save_strategy="no",
+            output_dir=tmp, use_cpu=True, bf16=b.autocast == "bf16", report_to="none",
+            save_strategy="no",
             logging_steps=1, max_steps=b.steps, learning_rate=b.lr, lr_scheduler_type="constant",
             warmup_steps=0, weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.999, max_grad_norm=1.0,
             per_device_train_batch_size=b.batch_size * b.group_size,

@@ -174,7 +174,11 @@ def bench_trl_command(spec_kwargs: dict[str, Any], out: Path | None, repeats: in
     """Run both sides ``repeats`` times (seeds seed, seed+1, ...) and print them side by side:
     medians and ranges, and where each side's step time goes."""
     from jigsawrl.bench.trl import BenchTrlSpec, run_bench_trl_repeats, trl_available
+    from jigsawrl.errors import ConfigError
 
+    if spec_kwargs.get("autocast", "off") not in ("off", "bf16"):
+        raise ConfigError(f"--autocast {spec_kwargs['autocast']!r} is not a choice",
+                          where="--autocast", fix="use off or bf16")
     ok, why = trl_available()
     console = Console()
     if not ok:
@@ -307,6 +311,9 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
                 help="jigsawrl side: forward each group's prompt once (exact)")] = True,
             repeats: Annotated[int, typer.Option(
                 min=1, help="runs at seeds seed, seed+1, ...; medians and ranges")] = 3,
+            autocast: Annotated[str, typer.Option(
+                help="off | bf16: both sides train with bf16 autocast (slow on AVX2-only "
+                "CPUs)")] = "off",
             out: Annotated[Path | None, typer.Option(help="write bench_trl.json here")] = None,
             ) -> None:
         """GRPO through TRL's GRPOTrainer and through jigsawrl: samples/s and reward."""
@@ -314,7 +321,7 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
                                group_size=group_size, steps=steps, temperature=temperature,
                                top_p=top_p, lr=lr, warmup_steps=warmup_steps, seed=seed,
                                threads=threads, recompute_old_logprobs=recompute_old_logprobs,
-                               share_prompt=share_prompt), out, repeats)
+                               share_prompt=share_prompt, autocast=autocast), out, repeats)
 
     @bench_app.command("real")
     def real(config: Annotated[Path, typer.Option(help="real multi-pipeline config")] = Path(

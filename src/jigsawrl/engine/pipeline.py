@@ -239,7 +239,8 @@ class RealPipeline:
         self.trainer = GRPOTrainer(model, GRPOConfig(
             lr=tr.lr, clip_eps=tr.clip_eps, kl_coef=tr.kl_coef, grad_clip=tr.grad_clip,
             micro_batch_size=tr.micro_batch_size, ppo_epochs=tr.ppo_epochs,
-            recompute_old_logprobs=tr.recompute_old_logprobs), ref_model=ref)
+            recompute_old_logprobs=tr.recompute_old_logprobs, autocast=tr.autocast),
+            ref_model=ref)
 
     # ------------------------------------------------------------------ state that moves
 

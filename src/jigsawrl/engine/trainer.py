@@ -20,6 +20,7 @@ Why these choices (verl's defaults, which users know):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from collections.abc import Callable, Iterator
@@ -217,9 +218,19 @@ def token_view(model: nn.Module, mb: TrainBatch, share_prompt: bool) -> TokenVie
                      pick(mb.old_logprobs), pick(mb.ref_logprobs), out.valid, idx)
 
 
+def autocast(model: nn.Module, mode: str = "off") -> contextlib.AbstractContextManager[object]:
+    """bf16 autocast on the model's device for ``mode == "bf16"``; a no-op for ``"off"``."""
+    if mode == "off":
+        return contextlib.nullcontext()
+    if mode != "bf16":
+        raise ValueError(f"autocast {mode!r}: use 'off' or 'bf16'")
+    device = next(model.parameters()).device.type
+    return torch.autocast(device_type=device, dtype=torch.bfloat16)
+
+
 @torch.no_grad()
 def compute_logprobs(model: nn.Module, batch: TrainBatch, micro_batch_size: int,
-                     share_prompt: bool = True) -> Tensor:
+                     share_prompt: bool = True, autocast_mode: str = "off") -> Tensor:
     """Log-probs ``[N, T-1]`` of the batch's tokens under ``model`` (no grad, micro-batched).
 
     With ``share_prompt`` (and prompt lengths in the batch) only response targets are filled
@@ -231,7 +242,8 @@ def compute_logprobs(model: nn.Module, batch: TrainBatch, micro_batch_size: int,
     model.eval()
     row = 0
     for mb in batch.micro_batches(micro_batch_size):
-        view = token_view(model, mb, share_prompt)
+        with autocast(model, autocast_mode):
+            view = token_view(model, mb, share_prompt)
         if view.valid is None or view.target_index is None:
             out[row: row + mb.num_seqs, : view.logp.shape[1]] = view.logp
         else:
@@ -257,7 +269,8 @@ def accumulate_grads(model: nn.Module, batch: TrainBatch, total_tokens: float,
     over ``total_tokens`` (the whole step's, so shards add up to the full batch's gradient)."""
     sums = {"pg": 0.0, "kl": 0.0, "ent": 0.0, "clip": 0.0, "ppo_kl": 0.0}
     for mb in batch.micro_batches(cfg.micro_batch_size):
-        view = token_view(model, mb, cfg.share_prompt)
+        with autocast(model, cfg.autocast):
+            view = token_view(model, mb, cfg.share_prompt)
         logits, logp, mask = view.logits, view.logp, view.loss_mask
         old = view.old if view.old is not None else logp.detach()
         pg_tok, clipped = ppo_clip_token_loss(logp, old, mb.advantages, cfg.clip_eps)
@@ -303,6 +316,7 @@ class GRPOConfig:
     weight_decay: float = 0.0
     recompute_old_logprobs: bool = True
     share_prompt: bool = True  # forward each group's prompt once (exact; engine.shared_prompt)
+    autocast: str = "off"  # "bf16": bf16 autocast of the forward passes (TrainSpec.autocast)
 
 
 class GRPOTrainer:
@@ -339,13 +353,13 @@ class GRPOTrainer:
     def old_logprobs(self, batch: TrainBatch) -> Tensor:
         """Recompute the behaviour policy's log-probs with the current actor (before updating)."""
         return compute_logprobs(self.model, batch, self.config.micro_batch_size,
-                                self.config.share_prompt)
+                                self.config.share_prompt, self.config.autocast)
 
     def ref_logprobs(self, batch: TrainBatch) -> Tensor:
         if self.ref_model is None:
             raise ValueError("no reference model")
         return compute_logprobs(self.ref_model, batch, self.config.micro_batch_size,
-                                self.config.share_prompt)
+                                self.config.share_prompt, self.config.autocast)
 
     def update(self, batch: TrainBatch) -> dict[str, float]:
         """Run ``ppo_epochs`` optimizer steps over the batch; return verl-named metrics.
