@@ -198,3 +198,19 @@ def test_simulate_needs_a_preset_or_a_length_trace_for_a_data_pipeline(workdir: 
     del sim["pipelines"][0]["length_trace"]
     sim["pipelines"][0]["task"] = "gsm8k"
     assert resolve(load_config(data=sim)).pipelines[0].task.name == "gsm8k"
+
+
+def test_own_model_data_and_reward_through_jigsawrl_run_ray(workdir: Path, model_dir: Path) -> None:
+    """The same user files under ``--ray``: the reward file is loaded in the reward worker,
+    the data and the model folder in the device workers (relative paths from the user's
+    folder); the folder's shape comes from its config.json for the planner's cost model."""
+    pytest.importorskip("ray")
+    cfg = config(model_dir, steps=2)
+    cfg["scheduler"] = {"name": "jigsaw"}
+    result = runner.invoke(app, ["run", str(write_config(workdir, cfg)), "--ray", "--out", "out"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((workdir / "out" / "summary.json").read_text())
+    (p,) = summary["pipelines"]
+    assert p["steps"] == 2
+    rewards = [m["critic/score/mean"] for m in summary["pipeline_metrics"]["mine"]]
+    assert len(rewards) == 2 and all(0.1 <= r <= 1.0 for r in rewards)  # the file scored them

@@ -21,6 +21,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from jigsawrl.config import ExperimentConfig, PipelineSpec
@@ -266,10 +267,17 @@ def resolve_real(cfg: ExperimentConfig) -> Experiment:
         where = f"pipelines.{i}"
         if p.task is not None:
             _lookup(list_tasks(), p.task, f"{where}.task", "real task", "jigsawrl list tasks")
-        _lookup(ENGINE_MODELS, p.model, f"{where}.model", "engine model preset",
-                "jigsawrl list models")
+        own_model = p.model not in ENGINE_MODELS and Path(p.model).is_dir()
+        if not own_model:
+            _lookup(ENGINE_MODELS, p.model, f"{where}.model", "engine model preset",
+                    "jigsawrl list models (or a local Hugging Face folder)")
         try:  # bad task params, data files or reward files fail here, not in a Ray worker
-            build_task(p, where)
+            if own_model:  # the folder, its tokenizer against its config and the data too
+                from jigsawrl.engine.pipeline import check_pipeline
+
+                check_pipeline(p, where)
+            else:
+                build_task(p, where)
         except ConfigError as exc:
             if exc.where != f"{where}.task":
                 raise

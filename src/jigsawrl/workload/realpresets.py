@@ -20,6 +20,9 @@ parameters of a pool of CPU workers are :func:`jigsawrl.costmodel.cpu.cpu_worker
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from jigsawrl.errors import ConfigError
 from jigsawrl.workload.accelerators import GB, AcceleratorSpec
 from jigsawrl.workload.engine_models import ENGINE_MODELS
@@ -59,7 +62,8 @@ def engine_model_spec(preset: str) -> ModelSpec:
     """The cost-model view of an engine model preset (``jigsawrl.workload.engine_models.ENGINE_MODELS``).
 
     Args:
-        preset: a key of ``ENGINE_MODELS`` (e.g. ``"qwen2-1m"``).
+        preset: a key of ``ENGINE_MODELS`` (e.g. ``"qwen2-1m"``), or a local Hugging Face
+            folder (its ``config.json`` gives the shape: :func:`folder_model_spec`).
 
     Returns:
         A :class:`ModelSpec` with the preset's layers, widths and heads; ``head_dim`` is
@@ -67,11 +71,14 @@ def engine_model_spec(preset: str) -> ModelSpec:
         character tokenizer's and ``num_params`` the preset's ``approx_params``.
 
     Raises:
-        ConfigError: an unknown preset (a local HF folder has no preset; not supported here).
+        ConfigError: neither a preset nor a folder with a readable ``config.json``.
     """
+    if preset not in ENGINE_MODELS and Path(preset).is_dir():
+        return folder_model_spec(Path(preset))
     if preset not in ENGINE_MODELS:
         raise ConfigError(f"unknown engine model preset {preset!r}", where="pipelines.model",
-                          fix=f"real multi-pipeline runs use a preset: {sorted(ENGINE_MODELS)}")
+                          fix=f"use a preset ({', '.join(sorted(ENGINE_MODELS))}) or a local "
+                              "Hugging Face folder with config.json")
     p = ENGINE_MODELS[preset]
     return ModelSpec(
         name=preset, num_layers=p.num_layers, hidden_size=p.hidden_size, num_heads=p.num_heads,
@@ -79,6 +86,37 @@ def engine_model_spec(preset: str) -> ModelSpec:
         intermediate_size=p.intermediate_size, vocab_size=CHAR_VOCAB_SIZE,
         num_params=p.approx_params or _count_params(p),
         source=f"jigsawrl.engine.models.ENGINE_MODELS[{preset!r}] (random-init CPU preset)")
+
+
+def folder_model_spec(folder: Path) -> ModelSpec:
+    """The cost-model view of a local Hugging Face folder, from its ``config.json`` alone (the
+    standard decoder keys: layers, hidden and intermediate sizes, heads, KV heads, vocabulary;
+    parameters counted as a tied-embedding decoder). The engine checks the weights and tokenizer
+    themselves (``engine.models.inspect_local_model``)."""
+    path = folder / "config.json"
+    try:
+        cfg = json.loads(path.read_text())
+        layers, hidden = int(cfg["num_hidden_layers"]), int(cfg["hidden_size"])
+        heads = int(cfg["num_attention_heads"])
+        kv_heads = int(cfg.get("num_key_value_heads") or heads)
+        inter, vocab = int(cfg["intermediate_size"]), int(cfg["vocab_size"])
+        head_dim = int(cfg.get("head_dim") or hidden // heads)
+    except FileNotFoundError:
+        raise ConfigError(f"model folder {folder} has no config.json", where="pipelines.model",
+                          fix="save the model with save_pretrained (config.json + weights + "
+                              "tokenizer files)") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{path} does not describe a decoder model ({type(exc).__name__}: "
+                          f"{exc})", where="pipelines.model",
+                          fix="a transformers causal-LM config.json with num_hidden_layers, "
+                              "hidden_size, num_attention_heads, intermediate_size, "
+                              "vocab_size") from None
+    attn = hidden * heads * head_dim * 2 + 2 * hidden * kv_heads * head_dim
+    params = vocab * hidden + layers * (attn + 3 * hidden * inter + 2 * hidden)
+    return ModelSpec(
+        name=folder.name, num_layers=layers, hidden_size=hidden, num_heads=heads,
+        num_kv_heads=kv_heads, head_dim=head_dim, intermediate_size=inter, vocab_size=vocab,
+        num_params=float(params), source=f"{path} (a local Hugging Face folder)")
 
 
 def _count_params(p: object) -> float:
