@@ -178,7 +178,7 @@ def test_gpu_check_runs_on_the_cpu_and_writes_json(tmp_path: Path) -> None:
     assert report["ok"] and report["device"] == "cpu" and not report["problems"]
     assert [r["pipeline"] for r in report["rows"]] == ["p0-qwen2-1m", "p1-llama-1m"]
     for row in report["rows"]:
-        assert all(row[s] >= 0 for s in gpucheck.STAGES) and row["response_tokens"] > 0
+        assert all(row[s.value] >= 0 for s in gpucheck.STAGES) and row["response_tokens"] > 0
     assert {"torch", "transformers", "pydantic"} <= set(report["third_party_modules"])
     assert "rollout" in gpucheck.format_table(report)
 

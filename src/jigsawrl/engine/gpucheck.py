@@ -29,7 +29,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-STAGES = ("rollout", "reward", "old_logprob", "ref_logprob", "update", "weight_sync")
+from jigsawrl.stages import POST_ROLLOUT, Stage
+
+STAGES: tuple[Stage, ...] = (Stage.ROLLOUT, *POST_ROLLOUT)  # the timed sub-stages, in order
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -128,16 +130,18 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
     for step in range(args.steps):
         for pipe in pipes:
             times: dict[str, float] = {}
-            data, times["rollout"] = _timed(device, lambda p=pipe, s=step: p.rollout(s))
+            data, gen_s = _timed(device, lambda p=pipe, s=step: p.rollout(s))
             assert isinstance(data, StepData)
-            for stage in STAGES[1:5]:
-                _, times[stage] = _timed(device, lambda p=pipe, st=stage, d=data:
-                                         getattr(p, st)(d))
-            _, times["weight_sync"] = _timed(device, pipe.weight_sync)
+            times[Stage.ROLLOUT.value] = gen_s
+            methods = {Stage.REWARD: pipe.reward, Stage.OLD_LOGPROB: pipe.old_logprob,
+                       Stage.REF_LOGPROB: pipe.ref_logprob, Stage.ACTOR_UPDATE: pipe.update}
+            for stage, method in methods.items():
+                _, times[stage.value] = _timed(device, lambda m=method, d=data: m(d))
+            _, times[Stage.WEIGHT_SYNC.value] = _timed(device, pipe.weight_sync)
             tokens = sum(len(t.response_ids) for t in data.trajectories)
             row = {"pipeline": pipe.spec.name, "step": step, **times,
                    "step_s": sum(times.values()), "response_tokens": tokens,
-                   "gen_tok_per_s": tokens / times["rollout"] if times["rollout"] > 0 else 0.0,
+                   "gen_tok_per_s": tokens / gen_s if gen_s > 0 else 0.0,
                    "reward_mean": float(data.rewards.mean()),
                    **{k: v for k, v in data.metrics.items() if k.startswith("actor/")}}
             report["rows"].append(row)
@@ -167,11 +171,11 @@ def _device_name(device: Any) -> str:
 
 def format_table(report: dict[str, Any]) -> str:
     """The report's rows as a fixed-width table (seconds per stage)."""
-    cols = ("pipeline", "step", *STAGES, "step_s", "response_tokens", "gen_tok_per_s")
-    heads = ("pipeline", "step", "rollout", "reward", "old_lp", "ref_lp", "update", "sync",
-             "step_s", "tokens", "gen_tok/s")
+    cols = ("pipeline", "step", *(s.value for s in STAGES), "step_s", "response_tokens",
+            "gen_tok_per_s")
+    heads = ("pipeline", "step", *(s.value for s in STAGES), "step_s", "tokens", "gen_tok/s")
     width = max([len(h) for h in heads[:1]] + [len(r["pipeline"]) for r in report["rows"]])
-    lines = ["  ".join(f"{h:<{width}}" if i == 0 else f"{h:>9}" for i, h in enumerate(heads))]
+    lines = ["  ".join(f"{h:<{width}}" if i == 0 else f"{h:>12}" for i, h in enumerate(heads))]
     for r in report["rows"]:
         cells = []
         for i, c in enumerate(cols):
@@ -179,9 +183,9 @@ def format_table(report: dict[str, Any]) -> str:
             if i == 0:
                 cells.append(f"{v:<{width}}")
             elif isinstance(v, float):
-                cells.append(f"{v:>9.0f}" if c == "gen_tok_per_s" else f"{v:>9.3f}")
+                cells.append(f"{v:>12.0f}" if c == "gen_tok_per_s" else f"{v:>12.3f}")
             else:
-                cells.append(f"{v:>9}")
+                cells.append(f"{v:>12}")
         lines.append("  ".join(cells))
     return "\n".join(lines)
 
