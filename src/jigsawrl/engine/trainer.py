@@ -397,6 +397,7 @@ class GRPOTrainer:
         for other in (more() if more is not None else []):
             for p, g in zip(params, other.grads, strict=True):
                 if g is not None:
+                    g = g.to(p.device)
                     p.grad = g.clone() if p.grad is None else p.grad.add_(g)
             for k, v in other.sums.items():
                 sums[k] += v
