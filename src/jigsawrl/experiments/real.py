@@ -177,7 +177,10 @@ def run_real(cfg: ExperimentConfig, *, policy: str | None = None, address: str |
     pol = make_policy(cfg, name)
     if len(pol.variants()) > 1:
         raise ConfigError(f"{name!r} compares several placements, one real run each",
-                          where="scheduler.name", fix="use verl-split or verl-serial")
+                          where="scheduler.name",
+                          fix="name one placement (verl-sized, verl-queue-K, verl-split, "
+                              "verl-serial), or jigsaw, whose fallback runs the best verl "
+                              "placement it predicts; `jigsawrl bench real` runs every one")
     tracking = Tracking.from_config(full_cfg, out_dir, run_name=cfg.name or "real-run")
     executor = RayExecutor(exp, address=address, threads_per_device=threads_per_device,
                            cache_dir=cache_dir, reward_fns=reward_fns,
