@@ -36,6 +36,9 @@ class PipelineState:
     ctx_tokens: dict[str, list[int]] = field(default_factory=dict)  # rollout tid -> per rank
     failed: str | None = None
     _cached: PipelineView | None = None
+    # task id -> (task, counts, contexts, its view) of the last view built (``_task_view``)
+    _task_views: dict[str, tuple[RunningTask, tuple[int, ...], tuple[int, ...], RunningTask]] = \
+        field(default_factory=dict)
 
     sync_end_s: dict[int, float] = field(default_factory=dict)  # step -> weight sync end
 
@@ -56,13 +59,25 @@ class PipelineState:
         return self._cached
 
     def _build_view(self) -> PipelineView:
-        running = tuple(replace(t, unfinished_per_rank=tuple(self.unfinished.get(t.task_id, ())),
-                                ctx_tokens_per_rank=tuple(self.ctx_tokens.get(t.task_id, ())))
-                        for t in self.running.values())
+        running = tuple(self._task_view(t) for t in self.running.values())
+        if len(self._task_views) > len(self.running):  # forget finished tasks
+            self._task_views = {k: v for k, v in self._task_views.items() if k in self.running}
         done = MappingProxyType({k: frozenset(v) for k, v in self.done.items()})
         return PipelineView(self.res.spec.name, self.res.index, self.res.spec, self.res.model,
                             done, self.steps_completed, running, tuple(self.history),
                             self.failed is not None)
+
+    def _task_view(self, t: RunningTask) -> RunningTask:
+        """``t`` with its per-rank counts; the one built last time while neither changed (a
+        progress report changes one task's counts, and the view is rebuilt after each)."""
+        unfinished = tuple(self.unfinished.get(t.task_id, ()))
+        ctx = tuple(self.ctx_tokens.get(t.task_id, ()))
+        got = self._task_views.get(t.task_id)
+        if got is not None and got[0] is t and got[1] == unfinished and got[2] == ctx:
+            return got[3]
+        view = replace(t, unfinished_per_rank=unfinished, ctx_tokens_per_rank=ctx)
+        self._task_views[t.task_id] = (t, unfinished, ctx, view)
+        return view
 
 
 @dataclass(slots=True)

@@ -125,13 +125,16 @@ def _start_rollouts(ps: list[_Pipe], n: int) -> None:
     """Start every rollout that may start, most work left first; once pipelines have finished,
     a rollout takes the widest width their devices leave it (the policy replans then; devices
     the plan left free stay free)."""
+    # who may start does not depend on who starts first: find them before sorting
+    may = [p for p in ps if p.roll_left is None and p.rolled < p.spec.steps
+           and p.trained >= p.rolled - p.spec.staleness]
+    if not may:
+        return
     held = sum(p.roll_width for p in ps if p.roll_left is not None)
     planned = sum(p.spec.width for p in ps if p.trained < p.spec.steps)
     room = min(n, sum(p.spec.width for p in ps))
-    for p in sorted(ps, key=lambda x: -_work_left(x)):
+    for p in sorted(may, key=lambda x: -_work_left(x)) if len(may) > 1 else may:
         s = p.spec
-        if p.roll_left is not None or p.rolled >= s.steps or p.trained < p.rolled - s.staleness:
-            continue
         width, gen = s.width, s.gen_s
         for w, g in s.wider:
             if planned - s.width + w <= room and g < gen:

@@ -11,7 +11,7 @@ Predictions of steps more than one behind the newest are dropped.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from jigsawrl.graph.build import post_rollout_stages, rank_segments, split_ranks
 from jigsawrl.graph.predict import HistoryPredictor
@@ -21,16 +21,17 @@ from jigsawrl.stages import Stage
 from jigsawrl.workload.task_presets import TASKS
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Prediction:
-    """One step's predicted times: generation, and each post-rollout stage."""
+    """One step's predicted times: generation, and each post-rollout stage (``step_s``: their
+    sum, worked out once)."""
 
     gen_s: float
     stages_s: dict[str, float]
+    step_s: float = field(init=False)
 
-    @property
-    def step_s(self) -> float:
-        return self.gen_s + sum(self.stages_s.values())
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "step_s", self.gen_s + sum(self.stages_s.values()))
 
 
 class StepPredictions:
@@ -52,6 +53,7 @@ class StepPredictions:
         self._version = 0
         self._memo: tuple[View | None, int, dict[str, tuple[PipelineView, float]]] = (None, -1, {})
         self._left: tuple[dict[str, float], float] | None = None
+        self._order: list[PipelineView] | None = None  # by_urgency of the memo's view
 
     def get(self, pipeline: str, step: int) -> Prediction | None:
         """The prediction of a step, if it was made (never makes one)."""
@@ -95,22 +97,31 @@ class StepPredictions:
     # ------------------------------------------------------------------ urgency
     def by_urgency(self, view: View) -> list[PipelineView]:
         """The unfinished pipelines, most urgent first."""
-        live = [pv for pv in view.pipelines if not pv.finished]
-        return sorted(live, key=lambda pv: -self.urgency(view, pv))
+        self._sync_memo(view)
+        if self._order is None:
+            live = [pv for pv in view.pipelines if not pv.finished]
+            self._order = sorted(live, key=lambda pv: -self.urgency(view, pv))
+        return list(self._order)
 
     def urgency(self, view: View, pv: PipelineView) -> float:
         """Weight × lateness of the current step against its predicted solo time × the share
         of all remaining work that is this pipeline's (the longest job gates the makespan);
         memoised per view (a decision asks for it many times)."""
+        memo = self._sync_memo(view)
+        got = memo.get(pv.name)
+        if got is None or got[0] is not pv:
+            got = memo[pv.name] = (pv, self._urgency(view, pv))
+        return got[1]
+
+    def _sync_memo(self, view: View) -> dict[str, tuple[PipelineView, float]]:
+        """The urgency memo of ``view`` (emptied for a new view or new predictions)."""
         memo_view, version, memo = self._memo
         if memo_view is not view or version != self._version:
             memo = {}
             self._memo = (view, self._version, memo)
             self._left = None
-        got = memo.get(pv.name)
-        if got is None or got[0] is not pv:
-            got = memo[pv.name] = (pv, self._urgency(view, pv))
-        return got[1]
+            self._order = None
+        return memo
 
     def _left_all(self, view: View) -> tuple[dict[str, float], float]:
         """Each live pipeline's predicted remaining work and their mean (memoised with the
@@ -122,10 +133,10 @@ class StepPredictions:
 
     def _urgency(self, view: View, pv: PipelineView) -> float:
         step = pv.steps_completed
-        starts = [t.start_s for t in pv.running if t.step == step and t.stage == Stage.ROLLOUT]
         pred = self._pred.get((pv.name, step))
         if pred is None or pred.step_s <= 0:
             return pv.spec.latency_weight
+        starts = [t.start_s for t in pv.running if t.step == step and t.stage == Stage.ROLLOUT]
         left, mean_left = self._left_all(view)
         share = left.get(pv.name, 0.0) / mean_left if mean_left > 0 else 1.0
         ratio = (view.now_s - starts[0]) / pred.step_s if starts else 1.0

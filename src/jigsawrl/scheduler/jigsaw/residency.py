@@ -36,6 +36,14 @@ class Residency:
         self.tight = False  # memory-tight plan: engines also use the activations' room
         self.resident: dict[str, float] = {}  # pipeline -> train state + reference, per device
         self._state: dict[str, str] = {}  # pipeline -> host | loading | device | unloading
+        self._all: tuple[int, ...] = ()
+
+    def _everything(self, view: View) -> tuple[int, ...]:
+        """Every device of the pool (a train state is sharded over all of them)."""
+        n = len(view.devices)
+        if len(self._all) != n:
+            self._all = tuple(range(n))
+        return self._all
 
     def on_device(self, pipeline: str) -> bool:
         """Is the pipeline's train state onloaded (so its model passes may start)?"""
@@ -85,9 +93,11 @@ class Residency:
 
     def _settle(self, view: View, b: Board) -> list[Action]:
         actions: list[Action] = []
-        everything = tuple(range(len(view.devices)))
+        everything = self._everything(view)
         for pv in view.pipelines:
             state = self._state.get(pv.name, HOST)
+            if state != LOADING and state != UNLOADING:
+                continue  # nothing moving to settle
             moving = {t.stage for t in pv.running if t.stage in (Stage.ONLOAD, Stage.OFFLOAD)}
             if state == LOADING and Stage.ONLOAD not in moving:
                 self._state[pv.name] = DEVICE
@@ -101,7 +111,7 @@ class Residency:
     def _start_moves(self, view: View, b: Board,
                      order: Sequence[PipelineView]) -> list[Action]:
         actions: list[Action] = []
-        everything = tuple(range(len(view.devices)))
+        everything = self._everything(view)
         for pv in order:
             state = self._state.get(pv.name, HOST)
             wants = any(stage in MODEL_PASSES for _, stage in pv.ready())

@@ -107,21 +107,23 @@ class TailMigration:
     def _find_tail_actions(self, view: View, pv: PipelineView, t: RunningTask, b: Board,
                            waiting: bool, per_rank: int, weighed: list[bool]) -> list[Migrate]:
         live = b.rank_idx[t.task_id]
-        if len(live) < 2 or len(t.unfinished_per_rank) < len(t.rank_devices):
+        counts = t.unfinished_per_rank
+        if len(live) < 2 or len(counts) < len(t.rank_devices):
             return []  # no progress report yet
-        left = {r: t.unfinished_per_rank[r] for r in live}
-        busy = sorted((r for r in live if left[r] > 0), key=lambda r: -left[r])
-        if not busy:
+        total = sum(counts[r] for r in live)
+        n_busy = sum(1 for r in live if counts[r] > 0)
+        if not n_busy:
             return []
-        total = sum(left.values())
         keep = max(1, math.ceil(total / per_rank))
-        if waiting and total <= self.params.tail_requests and keep < len(busy):
+        if waiting and total <= self.params.tail_requests and keep < n_busy:
             weighed.append(True)
+            left = {r: counts[r] for r in live}
+            busy = sorted((r for r in live if left[r] > 0), key=lambda r: -left[r])
             if self._worth_moving(view, pv, t, busy, keep):
                 return pack(busy, left, keep, per_rank, t.task_id, live)
-        drained = tuple(r for r in live if left[r] == 0)
-        if drained:  # release idle ranks (no cost: nothing moves)
-            return [Migrate(t.task_id, drained, busy[0])]
+        drained = tuple(r for r in live if counts[r] == 0)
+        if drained:  # release idle ranks (no cost: nothing moves) onto the fullest rank
+            return [Migrate(t.task_id, drained, max(live, key=lambda r: counts[r]))]
         return []
 
     def _worth_moving(self, view: View, pv: PipelineView, t: RunningTask, busy: list[int],
