@@ -163,16 +163,39 @@ def report(run_dir: Annotated[Path, typer.Argument(help="a run folder (runs/<nam
 def bench_sim_speed(
     config: Annotated[Path, typer.Argument()] = Path("configs/scale-64.yaml"),
     repeats: Annotated[int, typer.Option(min=1)] = 3,
+    policy: Annotated[str | None, typer.Option(help="scheduler name (default: the config's)")
+                      ] = None,
+    steps: Annotated[int | None, typer.Option(min=1, help="steps of every pipeline")] = None,
+    param: Annotated[list[str] | None, typer.Option(
+        help="scheduler param KEY=VALUE (YAML value; repeatable), e.g. fallback=false")] = None,
+    scaling: Annotated[bool, typer.Option(
+        help="time --policy over pool sizes 16..512 (bench decide's mixed configs, 32 GPUs "
+             "per pipeline, --steps each: 4 by default) instead of CONFIG")] = False,
 ) -> None:
     """Time the simulator itself (wall seconds per run; no solo references, no files)."""
-    from jigsawrl.bench.speed import sim_speed
+    from jigsawrl.bench.speed import parse_params, sim_scaling, sim_speed
 
-    res = sim_speed(config, repeats=repeats)
-    table = Table(title=f"simulator speed: {config}")
-    for col in ("devices", "pipelines", "steps", "events", "best wall s", "median wall s"):
-        table.add_column(col, justify="right")
-    table.add_row(str(res["devices"]), str(res["pipelines"]), str(res["steps"]),
-                  str(res["events"]), f"{res['best_s']:.2f}", f"{res['median_s']:.2f}")
+    params = parse_params(param or [])
+    cols = ("policy", "devices", "pipelines", "pipeline-steps", "events", "decisions",
+            "best wall s", "median wall s")
+    if scaling:
+        rows = sim_scaling(policy or "jigsaw", steps=steps or 4, repeats=repeats,
+                           params=params or None)
+        table = Table(title="simulator speed over pool sizes")
+        cols = (*cols, "ms per device-step")
+    else:
+        rows = [sim_speed(config, repeats=repeats, policy=policy, steps=steps,
+                          params=params or None)]
+        table = Table(title=f"simulator speed: {config}")
+    for col in cols:
+        table.add_column(col, justify="left" if col == "policy" else "right")
+    for res in rows:
+        cells = [res["policy"], str(res["devices"]), str(res["pipelines"]), str(res["steps"]),
+                 str(res["events"]), str(res["decisions"]), f"{res['best_s']:.2f}",
+                 f"{res['median_s']:.2f}"]
+        if scaling:
+            cells.append(f"{res['ms_per_device_step']:.2f}")
+        table.add_row(*cells)
     out.print(table)
 
 
@@ -291,12 +314,16 @@ def bench_decide(
     devices: Annotated[int, typer.Option(min=1, help="H100s (8 per node)")] = 64,
     pipelines: Annotated[int, typer.Option(min=1, help="Qwen3-4B pipelines, mixed tasks")] = 8,
     steps: Annotated[int, typer.Option(min=1, help="steps per pipeline")] = 3,
+    param: Annotated[list[str] | None, typer.Option(
+        help="scheduler param KEY=VALUE (YAML value; repeatable), e.g. fallback=false")] = None,
 ) -> None:
-    """Distribution of a policy's decision times (target: p99 <= 10 ms at 64 GPUs x 8)."""
+    """Distribution of a policy's decision times (target: p99 <= 10 ms at 128 GPUs x 16)."""
     from jigsawrl.bench.decide import bench_decide as measure
+    from jigsawrl.bench.speed import parse_params
     from jigsawrl.experiments.machine import machine_info
 
-    s = measure(policy, devices, pipelines, steps=steps)
+    params = parse_params(param or [])
+    s = measure(policy, devices, pipelines, steps=steps, params=params or None)
     m = machine_info()
     table = Table(title=f"decision times of {policy}: {devices}x H100, {pipelines} pipelines, "
                   f"{steps} steps", caption=f"{m['cpu']}, {m['cores']} cores; simulated in "
