@@ -84,8 +84,16 @@ class Board:
 
     def _put(self, d: int, tid: str, share: float) -> None:
         tasks = self._own(d)
-        if tid not in tasks:
-            self._count(d, self.kind[tid], +1)
+        if tid not in tasks:  # _count(d, kind, +1), inlined (the board's hottest line)
+            kind = self.kind[tid]
+            if kind == MEMORY:
+                before = self.mem_on[d]
+                self.mem_on[d] = before + 1
+                if before == 0:
+                    self.mem_held += 1
+            elif kind == COMPUTE:
+                self.comp_on[d] += 1
+                self.n_comp += 1
         tasks[tid] = share
 
     def _drop(self, d: int, tid: str) -> None:

@@ -112,10 +112,12 @@ class Residency:
                      order: Sequence[PipelineView]) -> list[Action]:
         actions: list[Action] = []
         everything = self._everything(view)
+        keep = len(view.pipelines) <= self.params.max_train_states  # every state fits: stay
         for pv in order:
             state = self._state.get(pv.name, HOST)
+            if state != DEVICE and state != HOST:
+                continue  # moving: nothing to start
             wants = any(stage in MODEL_PASSES for _, stage in pv.ready())
-            keep = len(view.pipelines) <= self.params.max_train_states  # every state fits: stay
             if state == DEVICE and not wants and not keep and not any(
                     t.stage in MODEL_PASSES for t in pv.running):
                 self._state[pv.name] = UNLOADING

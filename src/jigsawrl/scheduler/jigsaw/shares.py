@@ -140,7 +140,8 @@ class ShareAssigner:
             return [(SetShare(t.task_id, new), new, t.share)] if abs(new - t.share) > 1e-9 else []
         out = []
         for r in b.rank_idx[t.task_id]:
-            new = min(shares[d] for d in t.rank_devices[r])
+            devs = t.rank_devices[r]
+            new = shares[devs[0]] if len(devs) == 1 else min(shares[d] for d in devs)
             old = t.rank_shares[r]
             if abs(new - old) > 1e-9:
                 out.append((SetShare(t.task_id, new, rank=r), new, old))

@@ -55,10 +55,11 @@ class TailMigration:
         for tid in [k for k in self._memo if k not in live_tasks]:
             del self._memo[tid]
         for pv in view.pipelines:
-            per_rank = self._tail_capacity(view, pv)
+            per_rank = 0
             for t in pv.running:
                 if t.stage != Stage.ROLLOUT or t.task_id not in b.ranks:
                     continue
+                per_rank = per_rank or self._tail_capacity(view, pv)
                 for act in self._tail_actions(view, pv, t, b, waiting, per_rank):
                     actions.append(act)
                     b.release_ranks(act)

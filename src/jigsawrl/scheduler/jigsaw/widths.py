@@ -63,6 +63,8 @@ class WidthTimer:
         self.kv_mem_bytes = kv_mem_bytes
         self._reqs: dict[str, tuple[int, list[RequestTruth]]] = {}  # pipeline -> (source, reqs)
         self._gen: dict[tuple[str, int, int], float] = {}
+        # (model, tp, KV budget, requests) -> (cost model, generation seconds)
+        self._replays: dict[tuple[object, ...], tuple[object, float]] = {}
         # (pipeline, source, devices) -> (cost model, post-rollout stage seconds)
         self._stages: dict[tuple[str, int, int], tuple[object, dict[str, float]]] = {}
 
@@ -98,13 +100,20 @@ class WidthTimer:
         ranks = max(1, width // tp)
         key = (pv.name, self.source(pv), ranks)
         if key not in self._gen:
-            reqs = self.requests(pv)
+            reqs = self.requests(pv)[::ranks]
             kv = view.cost.kv_budget_tokens(pv.model, tp, max(self.kv_mem_bytes, 1.0))
-            inst = RolloutInstance(f"{pv.name}/plan/{ranks}", pv.model, tp, view.cost,
-                                   kv_budget_tokens=max(kv, 1))
-            inst.add(reqs[::ranks])
-            segs = rank_segments(inst)
-            self._gen[key] = segs[-1][2] if segs else 0.0
+            # pipelines alike (same model and prior) replay the same requests: once
+            same = (pv.model, tp, kv, tuple((r.prompt_tokens, r.turns) for r in reqs))
+            got = self._replays.get(same)
+            if got is None or got[0] is not view.cost:
+                inst = RolloutInstance(f"{pv.name}/plan/{ranks}", pv.model, tp, view.cost,
+                                       kv_budget_tokens=max(kv, 1))
+                inst.add(reqs)
+                segs = rank_segments(inst)
+                if len(self._replays) >= 4096:
+                    self._replays.clear()
+                got = self._replays[same] = (view.cost, segs[-1][2] if segs else 0.0)
+            self._gen[key] = got[1]
         return self._gen[key]
 
     def stages_s(self, view: View, pv: PipelineView) -> dict[str, float]:
