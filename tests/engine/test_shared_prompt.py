@@ -117,3 +117,16 @@ def test_slices_keep_their_prompt_lengths() -> None:
     part = batch.slice(3, 9)
     assert part.prompt_lens is not None
     assert part.prompt_lens.tolist() == batch.prompt_lens[3:9].tolist()
+
+
+def test_length_buckets_cover_every_row_once_and_cut_padding() -> None:
+    from jigsawrl.engine.shared_prompt import length_buckets
+
+    lengths = [5, 18, 7, 3, 9, 4, 12, 6] * 8
+    buckets = length_buckets(lengths, overhead=32)
+    assert sorted(i for b in buckets for i in b) == list(range(len(lengths)))
+    padded = sum(len(b) * max(lengths[i] for i in b) for b in buckets)
+    assert 1 < len(buckets) < len(lengths)
+    assert padded < len(lengths) * max(lengths)  # fewer positions than one padded pass
+    assert length_buckets(lengths, overhead=10**9) == [sorted(range(64), key=lambda i: lengths[i])]
+    assert length_buckets([]) == []

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 from dataclasses import dataclass
 
 import torch
@@ -68,6 +69,29 @@ def takes_kv_cache(model: nn.Module) -> bool:
     """Whether ``model``'s forward takes a KV cache and positions (every transformers causal LM
     does; a bare ``nn.Module`` may not, and then the plain forward is used)."""
     return _takes_kv_cache(type(model))
+
+
+BUCKET_OVERHEAD_TOKENS = 32  # what one more forward pass costs, in padded positions (guess)
+
+
+def length_buckets(lengths: list[int], overhead: int = BUCKET_OVERHEAD_TOKENS) -> list[list[int]]:
+    """Rows grouped into runs of similar length, minimising padded positions plus ``overhead``
+    per group (an exact dynamic programme over the rows sorted by length)."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    lens = [max(lengths[i], 1) for i in order]
+    n = len(lens)
+    best = [0.0] + [math.inf] * n  # best[j]: cost of the first j sorted rows
+    cut = [0] * (n + 1)
+    for j in range(1, n + 1):
+        for i in range(j):  # rows i..j-1 in one group, padded to lens[j-1]
+            cost = best[i] + (j - i) * lens[j - 1] + overhead
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    groups, j = [], n
+    while j > 0:
+        groups.append(order[cut[j]:j])
+        j = cut[j]
+    return groups[::-1]
 
 
 def _new_cache(model: nn.Module) -> object:
@@ -120,21 +144,38 @@ def shared_prompt_forward(model: nn.Module, input_ids: Tensor, attention_mask: T
     prompt_logits = kv_call(model, input_ids[groups.heads, :width_p], prompt_mask, None, cache)
     rows_g = torch.arange(int(groups.heads.numel()), device=device)
     last = prompt_logits[rows_g, head_lens - 1].float()  # predicts each group's first token
-    cache.batch_select_indices(groups.member)  # type: ignore[attr-defined]
 
-    # 2. The responses on top of their prompt's keys and values.
+    # 2. The responses on top of their prompt's keys and values, in buckets of similar length
+    #    (responses vary 2-10x in length; one right-padded pass would be mostly padding).
     cols_r = torch.arange(width_r, device=device)
     valid = cols_r[None, :] < resp_lens[:, None]
     total = input_ids.shape[1]
     src = (prompt_lens[:, None] + cols_r[None, :]).clamp(max=total - 1)
     tokens = torch.where(valid, input_ids.gather(1, src), torch.zeros_like(src))
-    mask = torch.cat([prompt_mask[groups.member], valid.long()], dim=1)
     positions = prompt_lens[:, None] + cols_r[None, :]
-    resp_logits = kv_call(model, tokens, mask, positions, cache).float()
+    member_mask = prompt_mask[groups.member]
+    layers = [(layer.keys, layer.values) for layer in cache.layers]  # type: ignore[attr-defined]
+    parts, order = [], []
+    for rows in length_buckets(resp_lens.tolist()):
+        idx = torch.tensor(rows, device=device)
+        width = max(int(resp_lens[idx].max().item()), 1)
+        part_cache = _new_cache(model)
+        sel = groups.member[idx]
+        for i, (k, v) in enumerate(layers):
+            part_cache.update(k[sel], v[sel], i)  # type: ignore[attr-defined]
+        mask = torch.cat([member_mask[idx], valid[idx, :width].long()], dim=1)
+        out = kv_call(model, tokens[idx, :width], mask, positions[idx, :width], part_cache)
+        parts.append(nn.functional.pad(out.float(), (0, 0, 0, width_r - width)))
+        order.append(idx)
+    inverse = torch.empty(input_ids.shape[0], dtype=torch.long, device=device)
+    flat = torch.cat(order)
+    inverse[flat] = torch.arange(flat.numel(), device=device)
+    resp_logits = torch.cat(parts)[inverse]
     logits = torch.cat([last[groups.member][:, None, :], resp_logits[:, :-1, :]], dim=1)
     target_index = (prompt_lens[:, None] - 1 + cols_r[None, :]).clamp(min=0, max=total - 2)
     return ResponseLogits(logits, tokens, valid, target_index)
 
 
-__all__ = ["PromptGroups", "ResponseLogits", "prompt_groups", "shared_prompt_forward",
+__all__ = ["PromptGroups", "ResponseLogits", "length_buckets", "prompt_groups",
+           "shared_prompt_forward",
            "takes_kv_cache"]
