@@ -156,6 +156,9 @@ def run_trl(b: BenchTrlSpec, pipe: Any, model: Any) -> dict[str, Any]:
         trainer = TimedGRPOTrainer(model=model, reward_funcs=reward, args=args,
                               train_dataset=Dataset.from_list(rows),
                               processing_class=pipe.tokenizer)
+        from transformers.trainer_callback import PrinterCallback
+
+        trainer.remove_callback(PrinterCallback)  # its per-step dicts would flood the console
         t0 = time.perf_counter()
         trainer.train()
         wall = time.perf_counter() - t0
