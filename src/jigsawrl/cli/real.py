@@ -234,6 +234,32 @@ def bench_trl_command(spec_kwargs: dict[str, Any], out: Path | None, repeats: in
         console.print(f"wrote {out / 'bench_trl.json'}")
 
 
+def bench_colocate_command(spec_kwargs: dict[str, Any], out: Path | None) -> None:
+    """Two co-located calls on one core: one after the other vs two processes at once."""
+    from jigsawrl.bench.colocate import ColocateSpec, run_colocate
+
+    console = Console()
+    spec = ColocateSpec(**spec_kwargs)
+    with console.status("bench colocate: serial and concurrent runs on one core ..."):
+        result = run_colocate(spec)
+    table = Table(title=f"two calls on core {spec.core}: A's rollout + B's GRPO step "
+                        f"({spec.model}, {spec.batch_size}×{spec.group_size}), "
+                        f"{spec.repeats} runs each — median [min–max] s")
+    for col in ("workload (A)", "one after the other", "two processes at once", "gain"):
+        table.add_column(col)
+    for name, w in result["workloads"].items():
+        cells = [f"{w[k]['median']:.2f} [{w[k]['min']:.2f}–{w[k]['max']:.2f}]"
+                 for k in ("serial_s", "concurrent_s")]
+        label = (f"tool: calculator, {spec.tool_latency_s:g} s per tool call" if name == "tool"
+                 else "compute: countdown")
+        table.add_row(label, *cells, f"{w['speedup']:.2f}x")
+    console.print(table)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "bench_colocate.json").write_text(json.dumps(result, indent=1))
+        console.print(f"wrote {out / 'bench_colocate.json'}")
+
+
 @user_errors
 def bench_real_command(spec_kwargs: dict[str, Any]) -> None:
     """``jigsawrl bench real``: real runs per policy (``--repeats`` each, interleaved),
@@ -322,6 +348,17 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
                                top_p=top_p, lr=lr, warmup_steps=warmup_steps, seed=seed,
                                threads=threads, recompute_old_logprobs=recompute_old_logprobs,
                                share_prompt=share_prompt, autocast=autocast), out, repeats)
+
+    @bench_app.command("colocate")
+    def colocate(model: Annotated[str, typer.Option(help="engine model preset")] = "qwen2-1m",
+                 repeats: Annotated[int, typer.Option(min=1)] = 3,
+                 tool_latency_s: Annotated[float, typer.Option(min=0.0)] = 0.2,
+                 core: Annotated[int, typer.Option(min=0)] = 0,
+                 out: Annotated[Path | None, typer.Option(
+                     help="write bench_colocate.json here")] = None) -> None:
+        """Two co-located calls on one core: serial (today's device worker) vs two processes."""
+        bench_colocate_command(dict(model=model, repeats=repeats, tool_latency_s=tool_latency_s,
+                                    core=core), out)
 
     @bench_app.command("real")
     def real(config: Annotated[Path, typer.Option(help="real multi-pipeline config")] = Path(
