@@ -199,7 +199,7 @@ def bench_trl_command(spec_kwargs: dict[str, Any], out: Path | None, repeats: in
     threads = result["runs"][0]["torch_threads"]
     table = Table(title=f"GRPO {spec.model} on {spec.task}: {spec.batch_size} prompts × "
                         f"{spec.group_size}, {spec.steps} steps, {repeats} seed(s), "
-                        f"{threads} thread(s) — median [min–max]")
+                        f"{threads} thread(s) — median \\[min–max]")
     for col in ("system", "samples/s (steps)", "samples/s (wall)", "mean sampled reward"):
         table.add_column(col)
 
@@ -244,7 +244,7 @@ def bench_colocate_command(spec_kwargs: dict[str, Any], out: Path | None) -> Non
         result = run_colocate(spec)
     table = Table(title=f"two calls on core {spec.core}: A's rollout + B's GRPO step "
                         f"({spec.model}, {spec.batch_size}×{spec.group_size}), "
-                        f"{spec.repeats} runs each — median [min–max] s")
+                        f"{spec.repeats} runs each — median \\[min–max] s")
     for col in ("workload (A)", "one after the other", "two processes at once", "gain"):
         table.add_column(col)
     for name, w in result["workloads"].items():
