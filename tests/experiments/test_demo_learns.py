@@ -39,9 +39,7 @@ def test_demo_rewards_are_correctness_only() -> None:
 
 @pytest.mark.slow
 @pytest.mark.torch
-@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.xfail(
-    strict=True, reason="search gains only +0.025 at seed 1 under --ray (measured, "
-    "docs/BENCHMARKS.md); countdown and calculator clear +0.1 at both seeds"))])
+@pytest.mark.parametrize("seed", [0, 1])
 def test_demo_recipes_raise_correctness(seed: int) -> None:
     """Each demo pipeline, run alone (no Ray; same prompts and sampling seeds as under Ray),
     gains >= 0.1 mean correctness from its first to its last quarter of steps."""
