@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from jigsawrl.config import PipelineSpec, RolloutSpec, TrainSpec
+from jigsawrl.stages import Stage
 
 
 @dataclass(frozen=True)
@@ -78,13 +79,13 @@ def _ready(spec: PipelineSpec, seed: int, cache_dir: str | None) -> Any:
 
 
 def _call(pipe: Any, kind: str, step: int) -> None:
-    if kind == "rollout":
+    if kind == Stage.ROLLOUT:
         pipe.rollout(step)
     else:
         pipe.run_step(step)
 
 
-Calls = list[tuple[PipelineSpec, str, int]]  # (pipeline, "rollout" | "step", seed)
+Calls = list[tuple[PipelineSpec, str, int]]  # (pipeline, Stage.ROLLOUT | "step", seed)
 
 
 def _worker(calls: Calls, core: int, cache_dir: str | None, step: int, ready: Any, go: Any,
@@ -135,8 +136,8 @@ def run_colocate(c: ColocateSpec, cache_dir: Path | None = None) -> dict[str, An
     cache = str(cache_dir) if cache_dir else None
     b = (_pipeline(c, "B-countdown", "countdown", 0.0), "step", c.seed + 1)
     workloads = {"tool": (_pipeline(c, "A-calculator", "calculator", c.tool_latency_s),
-                          "rollout", c.seed),
-                 "compute": (_pipeline(c, "A-countdown", "countdown", 0.0), "rollout", c.seed)}
+                          Stage.ROLLOUT, c.seed),
+                 "compute": (_pipeline(c, "A-countdown", "countdown", 0.0), Stage.ROLLOUT, c.seed)}
     out: dict[str, Any] = {"spec": c.__dict__, "pinned": hasattr(os, "sched_setaffinity"),
                            "workloads": {}}
     for name, a in workloads.items():
