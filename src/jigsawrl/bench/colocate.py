@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from jigsawrl.bench.real import Spread
 from jigsawrl.config import PipelineSpec, RolloutSpec, TrainSpec
 from jigsawrl.stages import Stage
 
@@ -125,10 +126,6 @@ def _makespan(groups: list[Calls], c: ColocateSpec, cache_dir: str | None, step:
     return max(ends) - t0
 
 
-def _spread(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 def run_colocate(c: ColocateSpec, cache_dir: Path | None = None) -> dict[str, Any]:
     """Both modes on both workloads, interleaved; medians and ranges of the makespan of the
     two calls. Every measured call runs in a fresh process from the same (warm-started) state,
@@ -146,7 +143,7 @@ def run_colocate(c: ColocateSpec, cache_dir: Path | None = None) -> dict[str, An
             serial.append(_makespan([[a, b]], c, cache, 1 + r))
             concurrent.append(_makespan([[a], [b]], c, cache, 1 + r))
         out["workloads"][name] = {
-            "serial_s": _spread(serial), "concurrent_s": _spread(concurrent),
+            "serial_s": Spread.json_of(serial), "concurrent_s": Spread.json_of(concurrent),
             "speedup": statistics.median(serial) / statistics.median(concurrent),
             "runs": {"serial_s": serial, "concurrent_s": concurrent}}
     return out

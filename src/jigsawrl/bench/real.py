@@ -139,6 +139,14 @@ class Spread:
     def to_json(self) -> dict[str, float | int]:
         return {"median": self.median, "min": self.lo, "max": self.hi, "n": self.n}
 
+    @classmethod
+    def json_of(cls, values: Iterable[Any]) -> dict[str, float | int]:
+        """``of(values).to_json()`` where ``values`` must hold a number (ValueError if not)."""
+        spread = cls.of(values)
+        if spread is None:
+            raise ValueError("no numbers to summarise")
+        return spread.to_json()
+
 
 def median_summary(summaries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """One summary standing for a label's runs: the first run's, with :data:`NUMERIC_FIELDS`,

@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from jigsawrl.bench.real import Spread
 from jigsawrl.config import PipelineSpec, RolloutSpec, TrainSpec
 
 log = logging.getLogger(__name__)
@@ -189,10 +190,6 @@ def run_bench_trl(b: BenchTrlSpec, cache_dir: Path | None = None) -> dict[str, A
     return out
 
 
-def _spread(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 def run_bench_trl_repeats(b: BenchTrlSpec, repeats: int, cache_dir: Path | None = None,
                           on_run: Callable[[int, dict[str, Any]], None] | None = None,
                           ) -> dict[str, Any]:
@@ -209,13 +206,13 @@ def run_bench_trl_repeats(b: BenchTrlSpec, repeats: int, cache_dir: Path | None 
     for side in ("jigsawrl", "trl"):
         ok = [run[side] for run in runs if "samples_per_s" in run[side]]
         if ok:
-            out[side] = {"samples_per_s": _spread([x["samples_per_s"] for x in ok]),
-                         "wall_samples_per_s": _spread([x["wall_samples_per_s"] for x in ok]),
-                         "reward_mean": _spread([x["reward_mean"] for x in ok])}
+            out[side] = {"samples_per_s": Spread.json_of([x["samples_per_s"] for x in ok]),
+                         "wall_samples_per_s": Spread.json_of([x["wall_samples_per_s"] for x in ok]),
+                         "reward_mean": Spread.json_of([x["reward_mean"] for x in ok])}
     speedups = [run["speedup"] for run in runs if "speedup" in run]
     if speedups:
-        out["speedup"] = _spread(speedups)
-        out["wall_speedup"] = _spread([run["jigsawrl"]["wall_samples_per_s"]
+        out["speedup"] = Spread.json_of(speedups)
+        out["wall_speedup"] = Spread.json_of([run["jigsawrl"]["wall_samples_per_s"]
                                        / run["trl"]["wall_samples_per_s"] for run in runs
                                        if "speedup" in run])
     return out
