@@ -158,14 +158,16 @@ def test_on_policy_shortcut_gives_the_same_step() -> None:
         assert torch.allclose(a, b, atol=1e-6)
 
 
-def test_data_parallel_update_equals_the_whole_batch_step() -> None:
+@pytest.mark.parametrize("epochs", [1, 3])
+def test_data_parallel_update_equals_the_whole_batch_step(epochs: int) -> None:
     """Shards' gradients (computed on copies, as Ray workers do) summed into one optimizer
-    step give the same parameters and metrics as the whole batch in one process."""
+    step per epoch give the same parameters and metrics as the whole batch in one process;
+    with several PPO epochs each epoch's helper starts from the previous step's weights."""
     import copy
 
     from jigsawrl.engine.trainer import shard_grads
 
-    cfg = GRPOConfig(lr=1e-2, micro_batch_size=1)
+    cfg = GRPOConfig(lr=1e-2, micro_batch_size=1, ppo_epochs=epochs)
     whole = GRPOTrainer(_TinyLM(), cfg)
     batch = _batch()
     batch.old_logprobs = whole.old_logprobs(batch)
@@ -174,8 +176,16 @@ def test_data_parallel_update_equals_the_whole_batch_step() -> None:
     want = whole.update(batch)
     (a0, a1), (b0, b1) = (0, 2), (2, 4)
     helper = copy.deepcopy(dp.model)
-    other = shard_grads(helper, batch.slice(b0, b1), total, cfg)
-    got = dp.update_data_parallel(batch.slice(a0, a1), total, lambda: [other])
+    launched: list[int] = []
+
+    def shards(epoch: int):  # noqa: ANN202
+        launched.append(epoch)
+        helper.load_state_dict(dp.model.state_dict())  # the weights this epoch starts from
+        other = shard_grads(helper, batch.slice(b0, b1), total, cfg)
+        return lambda: [other]
+
+    got = dp.update_data_parallel(batch.slice(a0, a1), total, shards)
+    assert launched == list(range(epochs))
     for p, q in zip(whole.model.parameters(), dp.model.parameters(), strict=True):
         assert torch.allclose(p, q, atol=1e-6)
     assert got == pytest.approx(want, rel=1e-5, abs=1e-7)

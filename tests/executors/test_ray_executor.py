@@ -193,6 +193,22 @@ def test_dp_rollout_migrates_long_tail(shared_ray: Any, cache: Path) -> None:
     assert summary["pipeline_metrics"]["arithmetic"][0]["actor/entropy"] > 0
 
 
+def test_multi_epoch_update_runs_data_parallel(shared_ray: Any, cache: Path) -> None:
+    """An update of 3 PPO epochs on a 2-device split runs on both devices' workers (one round
+    per epoch, the helper called again with each step's weights), as the simulator costs it."""
+    cfg = tiny(pipelines=(0,), batch=4, steps=1, extra=("pipelines.0.train.ppo_epochs=3",
+                                                        "pipelines.0.max_response_tokens=16"))
+    summary, events = run_with_policy(cfg, VerlPolicy("split"), cache)
+    check_run(summary, events, {"arithmetic": 1}, batch=4)
+    updates = [s for s in events if isinstance(s, Span) and s.stage == Stage.ACTOR_UPDATE]
+    assert {s.devices for s in updates} == {(0,), (1,)}
+    helper = next(s for s in updates if s.rank == 1)
+    assert helper.tokens > 0 and helper.end_s > helper.start_s
+    metrics = summary["pipeline_metrics"]["arithmetic"][0]
+    assert metrics["actor/entropy"] > 0
+    assert metrics["perf/dp_lost_helpers"] == 0  # every epoch's helper call answered
+
+
 def wait_dead(actor: Any) -> None:
     """Return once ``actor`` no longer answers (ray.kill is asynchronous)."""
     for _ in range(200):

@@ -413,15 +413,22 @@ class GRPOTrainer:
                 "actor/ppo_kl": sums["ppo_kl"] / total_tokens}
 
     def update_data_parallel(self, batch: TrainBatch, total_tokens: float,
-                             more: Callable[[], list[ShardGrads]]) -> dict[str, float]:
-        """One PPO epoch over this shard plus the shards whose gradients ``more`` returns
-        (:func:`shard_grads` elsewhere): the same optimizer step as :meth:`update` on the whole
-        batch, up to float summation order. Needs ``ppo_epochs == 1``."""
-        if self.config.ppo_epochs != 1:
-            raise ValueError("a data-parallel update needs ppo_epochs == 1")
+                             shards: Callable[[int], Callable[[], list[ShardGrads]]]
+                             ) -> dict[str, float]:
+        """``ppo_epochs`` optimizer steps over this shard plus the other data-parallel shards:
+        the same steps as :meth:`update` on the whole batch, up to float summation order.
+
+        ``shards(epoch)`` is called as each epoch starts, with this trainer's weights as they
+        are for that epoch (the caller launches the other shards' :func:`shard_grads` on them),
+        and returns a function that fetches their gradients; it is called after this shard's
+        backward, so the shards run side by side. A later epoch needs the weights of the
+        previous step, so each epoch is one round trip."""
         self._check_ready(batch)
         self.model.train()
-        return self._one_epoch(batch, total_tokens, more)
+        metrics: dict[str, float] = {}
+        for epoch in range(self.config.ppo_epochs):
+            metrics = self._one_epoch(batch, total_tokens, shards(epoch))
+        return metrics
 
     def state_dict(self) -> dict[str, object]:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}

@@ -61,7 +61,8 @@ class Training:
             host = None  # dp_export onloaded it
             helpers = [[self.state.devs[d].actor.dp_shard.remote(
                 ShardRequest(pipe.name, a.stage, lo, hi, threads), payload)
-                for d, (lo, hi) in zip(others, bounds[1:], strict=True)]]
+                for d, (lo, hi) in zip(others, bounds[1:], strict=True)],
+                [self.state.devs[d].actor for d in others]]  # for the later PPO epochs
         ref = actor.train_stage.remote(req, host, trajs, rewards, helpers)
         entry = Replay(a.step, a.stage, trajs, rewards)
         pipe.replay.append(entry)
@@ -71,13 +72,12 @@ class Training:
     def helper_devices(self, pipe: Pipe, stage: str, devices: tuple[int, ...],
                        target: int) -> tuple[int, ...]:
         """The helpers of a data-parallel stage: the stage's devices other than ``target`` (at
-        most one shard per request row), or () where data parallelism does not apply: an update
-        with several PPO epochs, old log-probs skipped by the on-policy shortcut, reference
-        log-probs without a reference (those run on the holder alone)."""
+        most one shard per request row), or () where data parallelism does not apply: old
+        log-probs skipped by the on-policy shortcut, reference log-probs without a reference
+        (those run on the holder alone). An update of several PPO epochs is data-parallel too,
+        one round per epoch (``worker_shards.UpdateRounds``), as the simulator costs it."""
         tr = pipe.spec.train
         if len(devices) < 2 or not self.state.settings.data_parallel:
-            return ()
-        if stage == Stage.ACTOR_UPDATE and tr.ppo_epochs != 1:
             return ()
         if stage == Stage.OLD_LOGPROB and not tr.recompute_old_logprobs and tr.ppo_epochs == 1:
             return ()

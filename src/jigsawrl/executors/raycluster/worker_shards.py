@@ -6,19 +6,30 @@ model's weights, the step's batch, the trainer config); each helper worker loads
 a model of its own (:class:`ShardModels`, built once per pipeline) and computes its rows
 (:func:`run_shard`): log-probs, or the update's gradients over the whole batch's token count.
 The holder computes its own rows and combines (:func:`combine_shards`): log-probs are gathered,
-gradients summed into one optimizer step. Tensors arrive on the CPU (``wire.py``); each side moves
-what it receives onto its models' device (``engine/device.py``) and sends host copies.
+gradients summed into one optimizer step per PPO epoch (:class:`UpdateRounds`: each later epoch
+sends the helpers the weights after the previous step). Tensors arrive on the CPU (``wire.py``);
+each side moves what it receives onto its models' device (``engine/device.py``) and sends host
+copies.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import ray
 
-from jigsawrl.executors.raycluster.messages import ShardRequest, ShardResult, Timed
+from jigsawrl.executors.raycluster.messages import (
+    ShardPayload,
+    ShardRequest,
+    ShardResult,
+    StageRequest,
+    Timed,
+)
 from jigsawrl.executors.raycluster.worker_pipes import LocalPipelines, wall_now, worker_device
 from jigsawrl.stages import Stage
+
+log = logging.getLogger(__name__)
 
 
 class ShardModels:
@@ -55,16 +66,100 @@ class ShardModels:
         if req.stage == Stage.ACTOR_UPDATE:
             grads = shard_grads(model, shard, float(batch.loss_mask.sum()), cfg)
         else:
-            logprobs = compute_logprobs(model, shard, cfg.micro_batch_size)
+            logprobs = compute_logprobs(model, shard, cfg.micro_batch_size, cfg.share_prompt,
+                                        cfg.autocast)
         return ShardResult(t_start=t_start, t_end=wall_now(),
                            tokens=int(shard.attention_mask.sum()), grads=grads, logprobs=logprobs)
 
 
-def combine_shards(pipe: Any, stage: str, data: Any, helpers: list[Any],
-                   bounds: tuple[tuple[int, int], ...]) -> tuple[Any, tuple[Timed, ...]]:
-    """The holder's shard (rows ``bounds[0]``) plus the helpers' (``helpers``: their
-    ``ObjectRef`` s, rows ``bounds[1:]``); returns the stage's result (the update's metrics, or
-    None: the log-probs are written into the batch) and the helpers' timings."""
+class UpdateRounds:
+    """The helpers' side of a data-parallel update, one round per PPO epoch.
+
+    Epoch 0's helper calls were submitted by the executor with the stage (``first``); each
+    later epoch needs the weights after the previous optimizer step, so the holder exports them
+    and calls the helpers (``actors``) again. A helper whose call fails (its worker died) has
+    its rows computed here instead, that epoch and every later one: the step's maths is the
+    same, only slower, and the run goes on. ``get``, ``put`` and ``submit`` (Ray's, by default)
+    are injectable for tests.
+    """
+
+    def __init__(self, trainer: Any, req: StageRequest, data: Any, batch: Any,
+                 first: list[Any], actors: list[Any], *, get: Any = None, put: Any = None,
+                 submit: Any = None) -> None:
+        self.trainer, self.req, self.data, self.batch = trainer, req, data, batch
+        self.total = float(batch.loss_mask.sum())
+        self.bounds = list(req.bounds[1:])
+        self.first, self.actors = first, actors
+        self.get = get or ray.get
+        self.put = put or ray.put
+        self.submit = submit or self._submit
+        self.lost: set[int] = set()  # helpers whose rows this holder computes
+        self.spans: list[list[ShardResult]] = [[] for _ in self.bounds]
+
+    def _submit(self, index: int, request: ShardRequest, payload: Any) -> Any:
+        return self.actors[index].dp_shard.remote(request, payload)
+
+    def launch(self, epoch: int) -> Any:
+        """Start epoch ``epoch``'s helper shards; return the function that fetches them."""
+        if epoch == 0:
+            refs: list[Any] = list(self.first)
+        else:
+            from jigsawrl.engine.device import to_host
+
+            usable = [i for i in range(len(self.bounds))
+                      if i not in self.lost and i < len(self.actors)]
+            self.lost.update(set(range(len(self.bounds))) - set(usable))
+            payload = self.put(ShardPayload(to_host(self.trainer.model.state_dict(), copy=True),
+                                           self.data.batch, self.trainer.config)) if usable \
+                else None
+            refs = [self.submit(i, ShardRequest(self.req.pipeline, self.req.stage, lo, hi,
+                                                self.req.threads), payload)
+                    if i in usable else None for i, (lo, hi) in enumerate(self.bounds)]
+        return lambda: self._fetch(refs)
+
+    def _fetch(self, refs: list[Any]) -> list[Any]:
+        from jigsawrl.engine.trainer import ShardGrads, accumulate_grads
+
+        out = []
+        for i, ((lo, hi), ref) in enumerate(zip(self.bounds, refs, strict=True)):
+            if i not in self.lost:
+                try:
+                    res = self.get(ref)
+                except ray.exceptions.RayError as exc:
+                    log.warning("%s/%s: data-parallel helper %d failed (%s); its rows are "
+                                "computed on the holder", self.req.pipeline, self.req.stage,
+                                i + 1, type(exc).__name__)
+                    self.lost.add(i)
+                else:
+                    self.spans[i].append(res)
+                    out.append(res.grads)
+                    continue
+            sums = accumulate_grads(self.trainer.model, self.batch.slice(lo, hi), self.total,
+                                    self.trainer.config)  # added to the holder's .grad
+            params = [p for p in self.trainer.model.parameters() if p.requires_grad]
+            out.append(ShardGrads([None] * len(params), sums))
+        return out
+
+    def timings(self) -> tuple[Timed, ...]:
+        """One span per helper from its first epoch's start to its last epoch's end (a
+        helper lost before its first answer reports an empty span at the holder's clock)."""
+        out = []
+        for shards in self.spans:
+            if not shards:
+                now = wall_now()
+                out.append(Timed(t_start=now, t_end=now, tokens=0))
+                continue
+            out.append(Timed(t_start=shards[0].t_start, t_end=shards[-1].t_end,
+                             tokens=sum(r.tokens for r in shards)))
+        return tuple(out)
+
+
+def combine_shards(pipe: Any, req: StageRequest, data: Any, helpers: list[Any],
+                   actors: list[Any]) -> tuple[Any, tuple[Timed, ...]]:
+    """The holder's shard (rows ``req.bounds[0]``) plus the helpers' (``helpers``: their
+    ``ObjectRef`` s, rows ``req.bounds[1:]``; ``actors``: their workers, called again for each
+    later PPO epoch); returns the stage's result (the update's metrics, or None: the log-probs
+    are written into the batch) and the helpers' timings."""
     import torch
 
     from jigsawrl.engine.device import model_device, to_device
@@ -73,26 +168,28 @@ def combine_shards(pipe: Any, stage: str, data: Any, helpers: list[Any],
     trainer = pipe.trainer
     device = model_device(trainer.model)
     batch = to_device(data.batch, device)  # (a batch onloaded from host memory is on the CPU)
+    bounds = req.bounds
     own = batch.slice(*bounds[0])
-    got: list[ShardResult] = []
+    if req.stage == Stage.ACTOR_UPDATE:
+        rounds = UpdateRounds(trainer, req, data, batch, helpers, actors)
 
-    def fetch() -> list[ShardResult]:
-        got.extend(ray.get(helpers))
-        return got
+        def shards(epoch: int) -> Any:
+            fetch = rounds.launch(epoch)
+            return lambda: [to_device(g, device) for g in fetch()]
 
-    if stage == Stage.ACTOR_UPDATE:
-        total = float(batch.loss_mask.sum())
-        metrics = trainer.update_data_parallel(
-            own, total, lambda: [to_device(r.grads, device) for r in fetch()])
+        metrics = trainer.update_data_parallel(own, rounds.total, shards)
+        metrics["perf/dp_lost_helpers"] = float(len(rounds.lost))  # their rows ran here
         data.metrics.update(metrics)
-        return metrics, tuple(r.timing() for r in got)
-    model = trainer.ref_model if stage == Stage.REF_LOGPROB else trainer.model
-    parts = [compute_logprobs(model, own, trainer.config.micro_batch_size)]
-    parts += [r.logprobs for r in fetch()]
+        return metrics, rounds.timings()
+    cfg = trainer.config
+    model = trainer.ref_model if req.stage == Stage.REF_LOGPROB else trainer.model
+    parts = [compute_logprobs(model, own, cfg.micro_batch_size, cfg.share_prompt, cfg.autocast)]
+    got: list[ShardResult] = list(ray.get(helpers))  # after this shard: both run side by side
+    parts += [to_device(r.logprobs, device) for r in got]
     full = torch.zeros(batch.loss_mask.shape, dtype=torch.float32, device=device)
     for (start, stop), lp in zip(bounds, parts, strict=True):
         full[start:stop, : lp.shape[1]] = lp
-    if stage == Stage.REF_LOGPROB:
+    if req.stage == Stage.REF_LOGPROB:
         batch.ref_logprobs = full
     else:
         batch.old_logprobs = full

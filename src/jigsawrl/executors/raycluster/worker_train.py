@@ -119,9 +119,11 @@ class TrainHost:
 
         ``state`` (train state from the host) is onloaded first when given; ``trajectories``
         and ``rewards`` (the reward worker's result) build the step's batch on first use. With
-        ``helpers`` (``[[ObjectRef, ...]]``: ``dp_shard`` calls on the stage's other devices,
-        rows ``req.bounds[1:]``), this device computes rows ``req.bounds[0]`` and combines:
-        log-probs are gathered, gradients summed into one optimizer step (data parallelism).
+        ``helpers`` (``[[ObjectRef, ...], [actor, ...]]``: ``dp_shard`` calls on the stage's
+        other devices, rows ``req.bounds[1:]``, and those devices' workers), this device
+        computes rows ``req.bounds[0]`` and combines: log-probs are gathered, gradients summed
+        into one optimizer step per PPO epoch (data parallelism; a later epoch calls the
+        workers again with the new weights).
         """
         import torch
 
@@ -136,7 +138,8 @@ class TrainHost:
             pipe = self.local.pipes[name]
             tokens = int(data.batch.attention_mask.sum())
             if helpers and req.bounds:
-                result, timings = combine_shards(pipe, req.stage, data, helpers[0], req.bounds)
+                actors = list(helpers[1]) if len(helpers) > 1 else []
+                result, timings = combine_shards(pipe, req, data, helpers[0], actors)
             else:
                 method = {Stage.OLD_LOGPROB: pipe.old_logprob, Stage.REF_LOGPROB: pipe.ref_logprob,
                           Stage.ACTOR_UPDATE: pipe.update}[Stage(req.stage)]
