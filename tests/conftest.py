@@ -54,7 +54,7 @@ class FakeCost:
     def pass_tokens(self, seq_lens, n, micro_batch_rows):  # noqa: ANN001
         return sum(seq_lens)  # padding removed
 
-    def dispatch_time_s(self, model, stage, n):  # noqa: ANN001
+    def dispatch_time_s(self, model, stage, n, rounds=1):  # noqa: ANN001
         return 0.0  # no worker-pool costs
 
     def logprob_time_s(self, model, n, tokens, share=1.0):  # noqa: ANN001

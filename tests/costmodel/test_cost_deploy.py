@@ -103,6 +103,9 @@ def test_offload_transfers_are_the_bytes_verl_moves() -> None:
     assert cm.dispatch_time_s(Q4, Stage.WEIGHT_SYNC, n) == pytest.approx(
         cm.offload_time_s(Q4, Stage.WEIGHT_SYNC, n))
     assert cm.dispatch_time_s(Q4, Stage.REWARD, n) == 0.0
+    # the offloads around an update are paid once, whatever its data-parallel rounds
+    assert cm.dispatch_time_s(Q4, Stage.ACTOR_UPDATE, n, rounds=4) == pytest.approx(
+        cm.dispatch_time_s(Q4, Stage.ACTOR_UPDATE, n))
     plain = CostModel(H100)
     assert all(plain.offload_time_s(Q4, s, n) == 0.0 for s in POST_ROLLOUT)
 

@@ -203,6 +203,9 @@ def test_dispatch_time_adds_calls_and_weight_moves() -> None:
     assert cm.dispatch_time_s(MODEL, "old_logprob", 2) == pytest.approx(1e-3 + move)
     assert cm.dispatch_time_s(MODEL, "actor_update", 2) == pytest.approx(1e-3 + 2 * move)
     assert cm.dispatch_time_s(MODEL, "weight_sync", 1) == pytest.approx(1e-3 + move)
+    # a data-parallel update of 3 PPO epochs: a call and the moves per epoch
+    assert cm.dispatch_time_s(MODEL, "actor_update", 2, rounds=3) == pytest.approx(
+        3 * (1e-3 + 2 * move))
 
 
 @pytest.mark.torch

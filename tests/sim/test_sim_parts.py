@@ -111,3 +111,16 @@ def test_cluster_rollout_then_work_exact_timeline(fake_cost) -> None:  # noqa: A
     assert rec.done[-1][:2] == ("p0/0/actor_update", Stage.ACTOR_UPDATE)
     with pytest.raises(KeyError, match="no running task"):
         sim.set_share("p0/0/actor_update", 1.0)
+
+
+def test_a_several_epoch_update_on_several_devices_is_one_round_per_epoch() -> None:
+    """The Ray executor calls an update's data-parallel helpers once per PPO epoch; the
+    simulator charges the pool's per-call costs that many times (one call on one device)."""
+    from types import SimpleNamespace
+
+    from jigsawrl.sim.works import dp_rounds
+
+    pipe = SimpleNamespace(spec=SimpleNamespace(train=SimpleNamespace(ppo_epochs=4)))
+    assert dp_rounds(pipe, Stage.ACTOR_UPDATE, 2) == 4  # type: ignore[arg-type]
+    assert dp_rounds(pipe, Stage.ACTOR_UPDATE, 1) == 1  # type: ignore[arg-type]
+    assert dp_rounds(pipe, Stage.OLD_LOGPROB, 2) == 1  # type: ignore[arg-type]

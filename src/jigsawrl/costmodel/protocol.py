@@ -92,8 +92,10 @@ class CostModelProtocol(Protocol):
 
     def reward_time_s(self, num_samples: int) -> float: ...
 
-    def dispatch_time_s(self, model: ModelSpec, stage: str, n_devices: int) -> float:
-        """What a worker pool adds to ``stage`` beside its compute (0 unless profiled)."""
+    def dispatch_time_s(self, model: ModelSpec, stage: str, n_devices: int,
+                        rounds: int = 1) -> float:
+        """What a worker pool adds to ``stage`` beside its compute (0 unless profiled), its
+        pool part paid ``rounds`` times (one per epoch of a data-parallel update)."""
         ...
 
     def logprob_flops(self, model: ModelSpec, tokens: int) -> float: ...

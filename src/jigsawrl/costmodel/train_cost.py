@@ -158,17 +158,20 @@ class TrainCosts(CostCore):
         t = per_device / self.accel.host_link_bytes_per_s + self.params.host_transfer_latency_s
         return self._out(t, noise)
 
-    def dispatch_time_s(self, model: ModelSpec, stage: str, n_devices: int) -> float:
+    def dispatch_time_s(self, model: ModelSpec, stage: str, n_devices: int,
+                        rounds: int = 1) -> float:
         """What ``stage`` costs beside its compute: the deployment's host offload transfers
         (:meth:`offload_time_s`), and what a worker pool adds — the call to the worker, and
         the fp32 weights moved to data-parallel helpers (update: and the gradients back) or to
         the rollout engines (weight sync); see ``CostParams.call_overhead_s``, 0 by default.
-        Reward (``reward_overhead_s``) and host moves (``host_transfer_latency_s``) have their
-        call in their own cost already."""
+        ``rounds``: the pool's part is paid that many times (a data-parallel update of several
+        PPO epochs calls its helpers once per epoch with that epoch's weights). Reward
+        (``reward_overhead_s``) and host moves (``host_transfer_latency_s``) have their call in
+        their own cost already."""
         if stage in CALL_IN_OWN_COST:
             return 0.0
         offload = self.offload_time_s(model, stage, n_devices)
-        return offload + self._pool_time_s(model, stage, n_devices)
+        return offload + max(1, rounds) * self._pool_time_s(model, stage, n_devices)
 
     def _pool_time_s(self, model: ModelSpec, stage: str, n_devices: int) -> float:
         p = self.params

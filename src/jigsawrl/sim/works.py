@@ -76,6 +76,12 @@ def stage_cost(cost: CostModelProtocol, pipe: ResolvedPipeline, stage: str, n: i
     raise ValueError(f"unknown stage {stage!r}")
 
 
+def dp_rounds(pipe: ResolvedPipeline, stage: str, n: int) -> int:
+    """Worker calls of a pass on ``n`` devices: an update of several PPO epochs over several
+    devices is one data-parallel round per epoch (the Ray executor's ``UpdateRounds``)."""
+    return pipe.spec.train.ppo_epochs if stage == Stage.ACTOR_UPDATE and n >= 2 else 1
+
+
 class WorkRuntime:
     """Runs compute works on the event queue (see the module docstring).
 
@@ -116,7 +122,7 @@ class WorkRuntime:
         full_s, flops, tokens = stage_cost(self.cost, pipe, stage, n, lens)
         if done and stage == Stage.ACTOR_UPDATE and not lens:  # the optimizer step is left
             full_s = self.cost.train_time_s(pipe.model, n, 1)
-        full_s += self.cost.dispatch_time_s(pipe.model, stage, n)
+        full_s += self.cost.dispatch_time_s(pipe.model, stage, n, dp_rounds(pipe, stage, n))
         w = Work(tid, pipe, step, stage, devices, share, full_s, self.q.now_s, flops,
                  tokens, total_full_s=full_s, span_start_s=self.q.now_s)
         self.works[tid] = w
