@@ -105,6 +105,12 @@ def test_tables_and_notes_render_measured_and_predicted() -> None:
     assert "1.00 (-17%)" in text
     notes = "\n".join(bench_notes(res))
     assert "verl-split skipped" in notes and "1.60×" in notes and "MISSES the 10% aim" in notes
+    assert "realistic bound" not in notes  # no bound computed: no line
+    cal.bound_s = 4.0
+    cal.sim_summary["tokens"] = 1000  # 250 tokens/s at the bound; jigsaw predicted 200
+    notes = "\n".join(bench_notes(res))
+    assert "realistic bound of the replayed workload" in notes and "250 tokens/s" in notes
+    assert "jigsaw 80%" in notes
 
 
 def test_verl_is_the_best_of_every_placement_including_the_queue() -> None:

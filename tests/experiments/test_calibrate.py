@@ -157,6 +157,10 @@ def test_prediction_of_a_run_with_the_same_cost_model_is_exact(policy: str) -> N
         c = cal.pipelines[name]["step_latency_s"]
         assert c.predicted == pytest.approx(c.measured)
     assert cal.to_json()["within_target"] is True
+    # the replayed workload's realistic bound: no schedule of it beats it on that pool
+    assert cal.bound_s is not None and 0 < cal.bound_s <= measured["makespan_s"] * (1 + 1e-9)
+    assert cal.bound_tokens_per_s == pytest.approx(measured["tokens"] / cal.bound_s)
+    assert cal.to_json()["bound_s"] == cal.bound_s
 
 
 def write_profile(path: Path, peak_flops: float) -> Path:

@@ -234,6 +234,9 @@ def bench_notes(result: BenchRealResult) -> list[str]:
                      f">= 1.3×), per repeat " + ", ".join(_f(r, ".2f", "×") for r in each)
                      + (f" (aim >= 1.0× in every repeat: "
                         f"{'met' if worst >= 1.0 else 'missed'})" if worst is not None else ""))
+    bound = bound_note(result)
+    if bound:
+        notes.append(bound)
     loads = _loads(result)
     if loads:
         notes.append(f"1-minute load average before each run: {loads}")
@@ -250,6 +253,25 @@ def bench_notes(result: BenchRealResult) -> list[str]:
             x for c in known for x in c.notes)]
     notes.append(f"predictions: {_source(result)}")
     return notes
+
+
+def bound_note(result: BenchRealResult) -> str | None:
+    """How close each policy's predicted tokens/s comes to the realistic bound of the replayed
+    workload (both under the profile's costs): the room the bench leaves for scheduling."""
+    known = {policy: [c for c in cals if c is not None]
+             for policy, cals in result.calibrations.items()}
+    bound = _median(c.bound_tokens_per_s for cals in known.values() for c in cals)
+    if not bound:
+        return None
+    shares = []
+    for policy, cals in known.items():
+        pred = _median(c.pool["throughput_tokens_per_s"].predicted for c in cals
+                       if "throughput_tokens_per_s" in c.pool)
+        if pred is not None:
+            shares.append(f"{policy} {pred / bound:.0%}")
+    return (f"realistic bound of the replayed workload (the profile's costs; "
+            f"graph/makespan_bound.py): {bound:,.0f} tokens/s (median over runs); predicted "
+            f"tokens/s ÷ bound: " + ", ".join(shares))
 
 
 def _loads(result: BenchRealResult) -> str:

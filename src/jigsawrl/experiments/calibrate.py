@@ -272,6 +272,9 @@ class Calibration:
     # pipeline -> stage timing (``StepFinished.timings_s`` keys) -> mean seconds per step:
     # where a step-latency miss comes from (shown, not judged)
     stages: dict[str, dict[str, Compared]] = field(default_factory=dict)
+    # the realistic makespan bound (graph/makespan_bound.py) of the replayed workload under the
+    # truth's costs: what no schedule of this run's requests beats on the predicted pool
+    bound_s: float | None = None
 
     # Quantities the 10% aim applies to (busy fraction is shown, not judged).
     JUDGED_POOL = ("makespan_s", "throughput_tokens_per_s")
@@ -290,10 +293,20 @@ class Calibration:
         err = self.max_abs_rel_error
         return err is not None and err <= TARGET_REL_ERROR
 
+    @property
+    def bound_tokens_per_s(self) -> float | None:
+        """The pool's tokens over :attr:`bound_s`: the best tokens/s any schedule of this
+        workload reaches on the predicted pool (None without a bound)."""
+        tokens = self.sim_summary.get("tokens")
+        if not self.bound_s or not tokens:
+            return None
+        return float(tokens) / self.bound_s
+
     def to_json(self) -> dict[str, Any]:
         return {"policy": self.policy, "cost_source": self.cost_source,
                 "target_rel_error": TARGET_REL_ERROR, "within_target": self.within_target,
-                "max_abs_rel_error": self.max_abs_rel_error,
+                "max_abs_rel_error": self.max_abs_rel_error, "bound_s": self.bound_s,
+                "bound_tokens_per_s": self.bound_tokens_per_s,
                 "pool": {k: c.to_json() for k, c in self.pool.items()},
                 "pipelines": {p: {k: c.to_json() for k, c in d.items()}
                               for p, d in self.pipelines.items()},
@@ -328,6 +341,21 @@ def simulate_replay(exp: Experiment, policy: str, truth: CostModel, *,
     info = run_info(exp, policy, name=f"{cfg.name or 'real-run'} (predicted)",
                     accelerator=truth.accel.name, peak_flops=truth.accel.peak_flops)
     return summarize(result.events, info), result.events
+
+
+def replay_bound(replay: Experiment, truth: CostModel, notes: list[str]) -> float | None:
+    """The realistic makespan bound of a replayed experiment's observed requests under
+    ``truth`` (None, with a line in ``notes``, where the bound cannot be computed for it)."""
+    from jigsawrl.graph.makespan_bound import makespan_bound
+
+    def observed(pipe: Any, step: int) -> list[RequestTruth]:
+        return pipe.sampler.sample_step(None, pipe.spec.name, step, pipe.spec.batch_size)
+
+    try:
+        return makespan_bound(replay.pipelines, observed, truth, replay.num_devices).bound_s
+    except (ValueError, InputError) as exc:  # e.g. a pipeline the bound does not model
+        notes.append(f"no makespan bound for the replayed workload: {exc}")
+        return None
 
 
 def samples_per_s(summary: Mapping[str, Any]) -> float | None:
@@ -410,7 +438,7 @@ def calibrate(cfg: ExperimentConfig, events: Sequence[Event], policy: str, *,
     sim_summary, sim_events = simulate_replay(replay, policy, truth)
     pool, pipes = compare_summaries(measured, sim_summary)
     cal = Calibration(policy, truth.accel.source, pool, pipes, sim_summary, sim_events, notes,
-                      compare_stages(events, sim_events))
+                      compare_stages(events, sim_events), replay_bound(replay, truth, notes))
     log.info("calibration of %s: max |error| %s (target %.0f%%)", policy,
              "n/a" if cal.max_abs_rel_error is None else f"{cal.max_abs_rel_error:.1%}",
              100 * TARGET_REL_ERROR)
