@@ -104,3 +104,29 @@ def test_rounds_give_the_whole_batch_step(fail_at: tuple[int, int] | None) -> No
     for index, span in enumerate(spans):
         if index not in lost:
             assert (span.t_start, span.t_end, span.tokens) == (1.0, 3.5, 6)
+
+
+@pytest.mark.parametrize("dead", [None, 0, 1])
+def test_log_probs_gather_helpers_and_recompute_a_dead_ones_rows(dead: int | None) -> None:
+    """The helpers' log-prob shards land in their rows; a helper whose call failed has its rows
+    computed on the holder: the same log-probs either way, and an empty span for it."""
+    from jigsawrl.engine.trainer import compute_logprobs
+    from jigsawrl.executors.raycluster.worker_shards import gather_logprobs
+
+    cfg = GRPOConfig(micro_batch_size=2)
+    model = build_model("qwen2-1m", seed=0)[0]
+    batch = batch_of_six()
+    want = compute_logprobs(model, batch, 6)
+    helpers = []
+    for i, (lo, hi) in enumerate(BOUNDS[1:]):
+        lp = compute_logprobs(model, batch.slice(lo, hi), 2)
+        helpers.append("dead" if i == dead else
+                       ShardResult(t_start=1.0, t_end=2.0, tokens=hi - lo, logprobs=lp))
+    fake = FakeHelpers(model, cfg, batch)
+    got, timings = gather_logprobs(model, batch, BOUNDS, helpers, cfg, "p/old_logprob",
+                                   get=fake.get)
+    mask = batch.loss_mask > 0
+    torch.testing.assert_close(got[mask], want[mask], atol=1e-5, rtol=0)
+    assert len(timings) == 2
+    for i, t in enumerate(timings):
+        assert (t.t_end - t.t_start, t.tokens) == ((0.0, 0) if i == dead else (1.0, 2))

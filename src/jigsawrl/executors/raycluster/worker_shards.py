@@ -160,10 +160,8 @@ def combine_shards(pipe: Any, req: StageRequest, data: Any, helpers: list[Any],
     ``ObjectRef`` s, rows ``req.bounds[1:]``; ``actors``: their workers, called again for each
     later PPO epoch); returns the stage's result (the update's metrics, or None: the log-probs
     are written into the batch) and the helpers' timings."""
-    import torch
 
     from jigsawrl.engine.device import model_device, to_device
-    from jigsawrl.engine.trainer import compute_logprobs
 
     trainer = pipe.trainer
     device = model_device(trainer.model)
@@ -181,16 +179,50 @@ def combine_shards(pipe: Any, req: StageRequest, data: Any, helpers: list[Any],
         metrics["perf/dp_lost_helpers"] = float(len(rounds.lost))  # their rows ran here
         data.metrics.update(metrics)
         return metrics, rounds.timings()
-    cfg = trainer.config
     model = trainer.ref_model if req.stage == Stage.REF_LOGPROB else trainer.model
-    parts = [compute_logprobs(model, own, cfg.micro_batch_size, cfg.share_prompt, cfg.autocast)]
-    got: list[ShardResult] = list(ray.get(helpers))  # after this shard: both run side by side
-    parts += [to_device(r.logprobs, device) for r in got]
-    full = torch.zeros(batch.loss_mask.shape, dtype=torch.float32, device=device)
-    for (start, stop), lp in zip(bounds, parts, strict=True):
-        full[start:stop, : lp.shape[1]] = lp
+    full, timings = gather_logprobs(model, batch, bounds, helpers, trainer.config,
+                                    f"{req.pipeline}/{req.stage}")
     if req.stage == Stage.REF_LOGPROB:
         batch.ref_logprobs = full
     else:
         batch.old_logprobs = full
-    return None, tuple(r.timing() for r in got)
+    return None, timings
+
+
+def gather_logprobs(model: Any, batch: Any, bounds: tuple[tuple[int, int], ...],
+                    helpers: list[Any], cfg: Any, what: str, *,
+                    get: Any = None) -> tuple[Any, tuple[Timed, ...]]:
+    """The log-probs of the whole batch: this process's rows ``bounds[0]``, then each helper's
+    (``helpers``: their ``ObjectRef`` s, rows ``bounds[1:]``); a helper whose call failed has
+    its rows computed here (logged; its timing an empty span), so one dead helper slows the pass
+    and does not fail it. ``get`` (``ray.get`` by default) is injectable for tests."""
+    import torch
+
+    from jigsawrl.engine.device import model_device, to_device
+    from jigsawrl.engine.trainer import compute_logprobs
+
+    get = get or ray.get
+    device = model_device(model)
+
+    def local(lo: int, hi: int) -> Any:
+        return compute_logprobs(model, batch.slice(lo, hi), cfg.micro_batch_size,
+                                cfg.share_prompt, cfg.autocast)
+
+    parts = [local(*bounds[0])]
+    timings: list[Timed] = []
+    for i, ((lo, hi), ref) in enumerate(zip(bounds[1:], helpers, strict=True), start=1):
+        try:  # after this process's rows: the helpers ran side by side with them
+            res = get(ref)
+        except ray.exceptions.RayError as exc:
+            log.warning("%s: data-parallel helper %d failed (%s); its rows are computed on the "
+                        "holder", what, i, type(exc).__name__)
+            parts.append(local(lo, hi))
+            now = wall_now()
+            timings.append(Timed(t_start=now, t_end=now, tokens=0))
+            continue
+        parts.append(to_device(res.logprobs, device))
+        timings.append(res.timing())
+    full = torch.zeros(batch.loss_mask.shape, dtype=torch.float32, device=device)
+    for (start, stop), lp in zip(bounds, parts, strict=True):
+        full[start:stop, : lp.shape[1]] = lp
+    return full, tuple(timings)
