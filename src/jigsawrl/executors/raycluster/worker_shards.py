@@ -72,6 +72,31 @@ class ShardModels:
                            tokens=int(shard.attention_mask.sum()), grads=grads, logprobs=logprobs)
 
 
+def payload_of(model: Any, batch: Any, config: Any) -> ShardPayload:
+    """What a helper needs for a pass on ``model``'s current weights: host copies of them
+    (a snapshot later steps do not change), the step's batch and the trainer config."""
+    from jigsawrl.engine.device import to_host
+
+    return ShardPayload(to_host(model.state_dict(), copy=True), batch, config)
+
+
+def fetch_shard(get: Any, ref: Any, what: str, index: int) -> ShardResult | None:
+    """Helper ``index``'s shard, or None (logged) when its call failed: the caller then
+    computes those rows itself."""
+    try:
+        return get(ref)
+    except ray.exceptions.RayError as exc:
+        log.warning("%s: data-parallel helper %d failed (%s); its rows are computed on the "
+                    "holder", what, index, type(exc).__name__)
+        return None
+
+
+def empty_span() -> Timed:
+    """The timing of a helper that answered nothing (its rows ran on the holder)."""
+    now = wall_now()
+    return Timed(t_start=now, t_end=now, tokens=0)
+
+
 class UpdateRounds:
     """The helpers' side of a data-parallel update, one round per PPO epoch.
 
@@ -104,17 +129,15 @@ class UpdateRounds:
         if epoch == 0:
             refs: list[Any] = list(self.first)
         else:
-            from jigsawrl.engine.device import to_host
-
-            usable = [i for i in range(len(self.bounds))
-                      if i not in self.lost and i < len(self.actors)]
-            self.lost.update(set(range(len(self.bounds))) - set(usable))
-            payload = self.put(ShardPayload(to_host(self.trainer.model.state_dict(), copy=True),
-                                           self.data.batch, self.trainer.config)) if usable \
-                else None
-            refs = [self.submit(i, ShardRequest(self.req.pipeline, self.req.stage, lo, hi,
+            self.lost.update(range(len(self.actors), len(self.bounds)))  # no worker to call
+            payload = None
+            if len(self.lost) < len(self.bounds):
+                payload = self.put(payload_of(self.trainer.model, self.data.batch,
+                                              self.trainer.config))
+            refs = [None if i in self.lost else
+                    self.submit(i, ShardRequest(self.req.pipeline, self.req.stage, lo, hi,
                                                 self.req.threads), payload)
-                    if i in usable else None for i, (lo, hi) in enumerate(self.bounds)]
+                    for i, (lo, hi) in enumerate(self.bounds)]
         return lambda: self._fetch(refs)
 
     def _fetch(self, refs: list[Any]) -> list[Any]:
@@ -123,17 +146,12 @@ class UpdateRounds:
         out = []
         for i, ((lo, hi), ref) in enumerate(zip(self.bounds, refs, strict=True)):
             if i not in self.lost:
-                try:
-                    res = self.get(ref)
-                except ray.exceptions.RayError as exc:
-                    log.warning("%s/%s: data-parallel helper %d failed (%s); its rows are "
-                                "computed on the holder", self.req.pipeline, self.req.stage,
-                                i + 1, type(exc).__name__)
-                    self.lost.add(i)
-                else:
+                res = fetch_shard(self.get, ref, f"{self.req.pipeline}/{self.req.stage}", i + 1)
+                if res is not None:
                     self.spans[i].append(res)
                     out.append(res.grads)
                     continue
+                self.lost.add(i)
             sums = accumulate_grads(self.trainer.model, self.batch.slice(lo, hi), self.total,
                                     self.trainer.config)  # added to the holder's .grad
             params = [p for p in self.trainer.model.parameters() if p.requires_grad]
@@ -143,15 +161,9 @@ class UpdateRounds:
     def timings(self) -> tuple[Timed, ...]:
         """One span per helper from its first epoch's start to its last epoch's end (a
         helper lost before its first answer reports an empty span at the holder's clock)."""
-        out = []
-        for shards in self.spans:
-            if not shards:
-                now = wall_now()
-                out.append(Timed(t_start=now, t_end=now, tokens=0))
-                continue
-            out.append(Timed(t_start=shards[0].t_start, t_end=shards[-1].t_end,
-                             tokens=sum(r.tokens for r in shards)))
-        return tuple(out)
+        return tuple(Timed(t_start=shards[0].t_start, t_end=shards[-1].t_end,
+                           tokens=sum(r.tokens for r in shards)) if shards else empty_span()
+                     for shards in self.spans)
 
 
 def combine_shards(pipe: Any, req: StageRequest, data: Any, helpers: list[Any],
@@ -211,17 +223,9 @@ def gather_logprobs(model: Any, batch: Any, bounds: tuple[tuple[int, int], ...],
     parts = [local(*bounds[0])]
     timings: list[Timed] = []
     for i, ((lo, hi), ref) in enumerate(zip(bounds[1:], helpers, strict=True), start=1):
-        try:  # after this process's rows: the helpers ran side by side with them
-            res = get(ref)
-        except ray.exceptions.RayError as exc:
-            log.warning("%s: data-parallel helper %d failed (%s); its rows are computed on the "
-                        "holder", what, i, type(exc).__name__)
-            parts.append(local(lo, hi))
-            now = wall_now()
-            timings.append(Timed(t_start=now, t_end=now, tokens=0))
-            continue
-        parts.append(to_device(res.logprobs, device))
-        timings.append(res.timing())
+        res = fetch_shard(get, ref, what, i)  # after this process's rows: side by side
+        parts.append(local(lo, hi) if res is None else to_device(res.logprobs, device))
+        timings.append(empty_span() if res is None else res.timing())
     full = torch.zeros(batch.loss_mask.shape, dtype=torch.float32, device=device)
     for (start, stop), lp in zip(bounds, parts, strict=True):
         full[start:stop, : lp.shape[1]] = lp

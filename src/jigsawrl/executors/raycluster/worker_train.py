@@ -30,7 +30,7 @@ from jigsawrl.executors.raycluster.messages import (
     TrainState,
 )
 from jigsawrl.executors.raycluster.worker_pipes import LocalPipelines, wall_now, worker_device
-from jigsawrl.executors.raycluster.worker_shards import combine_shards
+from jigsawrl.executors.raycluster.worker_shards import combine_shards, payload_of
 from jigsawrl.stages import Stage
 
 log = logging.getLogger(__name__)
@@ -162,8 +162,6 @@ class TrainHost:
     def shard_payload(self, req: StageRequest, state: TrainState | None, trajectories: Any,
                       rewards: Any) -> tuple[Timed, ShardPayload]:
         """What the data-parallel helpers of a model pass need (call with ``num_returns=2``)."""
-        from jigsawrl.engine.device import to_host
-
         t_start = wall_now()
         name = req.pipeline
         if state is not None:
@@ -172,8 +170,7 @@ class TrainHost:
             data = self.step_data(name, req.step, trajectories, rewards)
             trainer = self.local.pipes[name].trainer
             model = trainer.ref_model if req.stage == Stage.REF_LOGPROB else trainer.model
-            payload = ShardPayload(to_host(model.state_dict(), copy=True), data.batch,
-                                   trainer.config)
+            payload = payload_of(model, data.batch, trainer.config)
         return Timed(t_start=t_start, t_end=wall_now()), payload
 
     def publish(self, req: PublishRequest, state: TrainState | None) -> tuple[Timed, Any]:
