@@ -173,6 +173,9 @@ def test_quick_profile_end_to_end(tmp_path: Path) -> None:
     # the runtime pass ran (through a local Ray) and its costs are in the cost model
     assert params.call_overhead_s > 0 and params.worker_link_bytes_per_s > 0
     assert 0 < params.reward_s_per_sample < 0.01 and params.train_pads_rows
+    # a train state's moves, through the engine's export / import
+    assert params.state_onload_s > 0 and params.state_offload_s >= 0
+    assert params.rollout_setup_s > 0  # a rank's fresh engine, through the worker's slice
 
 
 def test_fit_runtime_recovers_the_transfer_line() -> None:
@@ -186,6 +189,19 @@ def test_fit_runtime_recovers_the_transfer_line() -> None:
     assert fit["reward_s_per_sample"] == 5e-5
     assert fit_runtime({}) == {}
     assert "call_overhead_s" not in fit_runtime({"reward_s_per_sample": 1e-5})  # no Ray
+
+
+def test_fit_runtime_keeps_what_the_bytes_leave_of_a_state_move() -> None:
+    from jigsawrl.costmodel.memory import TRAIN_STATE_BYTES_PER_PARAM
+    from jigsawrl.costmodel.roofline import CostParams
+
+    link, params = 4e9, 1e6
+    by_bytes = TRAIN_STATE_BYTES_PER_PARAM * params / link + CostParams().host_transfer_latency_s
+    raw = {"state_move": {"onload_s": 0.040, "offload_s": 0.002, "num_params": params}}
+    fit = fit_runtime(raw, link)
+    assert fit["state_onload_s"] == pytest.approx(0.040 - by_bytes)
+    assert fit["state_offload_s"] == 0.0  # faster than its bytes: nothing fixed is left
+    assert "state_onload_s" not in fit_runtime({"reward_s_per_sample": 1e-5})
 
 
 def test_dispatch_time_adds_calls_and_weight_moves() -> None:

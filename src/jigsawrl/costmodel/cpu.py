@@ -21,6 +21,10 @@ from jigsawrl.costmodel.roofline import CostParams
 # s_sat = 1 says so (the GPU default, 0.4, lets a decode at 40% of the SMs use all of HBM —
 # true of a GPU, where co-located kernels run at once, and false here).
 CPU_WORKER_S_SAT = 1.0
+# ... and its calls queue: the simulator runs one call at a time per device, rollout ranks in
+# slices of the Ray executor's chunk_s (executors/raycluster/records.CHUNK_S; a test keeps the
+# two equal), not co-located calls at once at their shares (sim/gates.py).
+CPU_WORKER_SLICE_S = 0.2
 # The CostParams values a CPU worker keeps although the GPU defaults moved (module docstring).
 CPU_WORKER_PINNED: dict[str, object] = {
     "iter_overhead_s": 2e-3, "train_eff": 0.4, "logprob_eff": 0.4,
@@ -33,7 +37,8 @@ def cpu_worker_params(devices_per_node: int | None = None) -> CostParams:
     """The cost-model parameters of a pool of Ray CPU workers (the belief of a real run and
     the base that a CPU profile's measured values replace); ``devices_per_node`` defaults to
     ``CostParams``'s."""
-    params = CostParams(s_sat=CPU_WORKER_S_SAT, **CPU_WORKER_PINNED)  # type: ignore[arg-type]
+    params = CostParams(s_sat=CPU_WORKER_S_SAT, serial_slice_s=CPU_WORKER_SLICE_S,
+                        **CPU_WORKER_PINNED)  # type: ignore[arg-type]
     if devices_per_node is None:
         return params
     return dataclasses.replace(params, devices_per_node=devices_per_node)

@@ -52,6 +52,7 @@ import numpy as np
 import yaml
 
 from jigsawrl.costmodel.cpu import cpu_worker_params
+from jigsawrl.costmodel.memory import TRAIN_STATE_BYTES_PER_PARAM
 from jigsawrl.costmodel.model import CostModel
 from jigsawrl.costmodel.profile import PROFILE_VERSION, cost_inputs
 from jigsawrl.costmodel.roofline import CostParams, prefill_flops
@@ -224,16 +225,28 @@ def fit_params(model: ModelSpec, raw_by_threads: dict[int, dict[str, Any]]) -> d
     return {"accelerator": accel, "params": params, "rates_flops_per_s": rates}
 
 
-def fit_runtime(runtime: dict[str, Any]) -> dict[str, float]:
+def fit_runtime(runtime: dict[str, Any], host_link_bytes_per_s: float | None = None
+                ) -> dict[str, float]:
     """CostParams of the runtime measurements (see :func:`measure_runtime`); {} when absent.
 
     The transfer line ``time = 2 call + latency + bytes / bandwidth`` goes through the two
     measured sizes (each transfer is two actor calls: one hands the tensors out, one takes
-    them); a reward call is one actor call plus the per-sample scoring.
+    them); a reward call is one actor call plus the per-sample scoring. A train state's moves
+    keep what their bytes' transfer over ``host_link_bytes_per_s`` (what the simulator charges
+    for those bytes already) leaves of the measured time.
     """
     params: dict[str, float] = {}
     if runtime.get("reward_s_per_sample") is not None:
         params["reward_s_per_sample"] = float(runtime["reward_s_per_sample"])
+    if runtime.get("rank_setup_s") is not None:
+        params["rollout_setup_s"] = float(runtime["rank_setup_s"])
+    moves = runtime.get("state_move")
+    if moves:
+        nbytes = TRAIN_STATE_BYTES_PER_PARAM * float(moves["num_params"])
+        by_bytes = (nbytes / host_link_bytes_per_s if host_link_bytes_per_s else 0.0) \
+            + CostParams().host_transfer_latency_s
+        params["state_onload_s"] = max(float(moves["onload_s"]) - by_bytes, 0.0)
+        params["state_offload_s"] = max(float(moves["offload_s"]) - by_bytes, 0.0)
     ray_raw = runtime.get("ray")
     if not ray_raw:
         return params
@@ -315,7 +328,8 @@ def build_profile(model: ModelSpec, settings: ProfileSettings, raw: dict[int, di
     (``runtime``: :func:`measure_runtime`'s result, when measured)."""
     top = max(raw)
     fitted = fit_params(model, raw)
-    fitted["params"].update(fit_runtime(runtime or {}))
+    fitted["params"].update(fit_runtime(runtime or {},
+                                        fitted["accelerator"]["host_link_bytes_per_s"]))
     fitted["full_share_threads"] = top
     fitted["slowdown"] = slowdown_table(raw)
     base = cpu_worker_params()

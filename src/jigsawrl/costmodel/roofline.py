@@ -122,6 +122,24 @@ class CostParams:
     call_overhead_s: float = 0.0
     worker_link_bytes_per_s: float = 0.0
     worker_link_latency_s: float = 0.0
+    # Fixed cost of moving a train state onto a worker (onload: building the actor, its
+    # optimizer and reference from host tensors) and off it (offload: copying them out), beside
+    # the bytes' transfer. 0 = not modelled (the GPU presets); `jigsawrl profile` measures both
+    # on the profiled model, through the engine's own export/import (a 1M-parameter state took
+    # ~40 ms to onload on this CPU, where its 16 MB cost ~3 ms by bandwidth alone). Nonzero also
+    # makes the simulator move train states where the Ray executor does (sim/residency.py).
+    state_onload_s: float = 0.0
+    state_offload_s: float = 0.0
+    # A device that runs one call at a time (a Ray CPU worker: one process, one call after
+    # another) and the time slice its rollout ranks run in (the executor's chunk_s): > 0 makes
+    # the simulator queue co-located calls on a device instead of letting them advance at their
+    # shares at once (sim/gates.py). 0 = a GPU, whose co-located kernels run at once.
+    serial_slice_s: float = 0.0
+    # A rollout rank's set-up inside its first slice on a worker: a fresh engine holding the
+    # step's weights, and the step's requests built (~20 ms on this CPU at 1M parameters).
+    # `jigsawrl profile` measures it through the worker's own slice; 0 = not modelled (the GPU
+    # presets, whose engines persist between steps).
+    rollout_setup_s: float = 0.0
     # Fixed cost of one host transfer call: pinned-buffer setup, synchronisation (assumption).
     host_transfer_latency_s: float = 1e-3
     # Effective host <-> device bandwidth of verl's offload (train.param_offload,
@@ -157,7 +175,8 @@ class CostParams:
         if self.devices_per_node < 1 or self.train_micro_batch_tokens < 1:
             raise ValueError("CostParams.devices_per_node and train_micro_batch_tokens must be >= 1")
         for name in ("eager_iter_overhead_s_per_layer", "reward_s_per_sample",
-                     "reward_overhead_s"):
+                     "reward_overhead_s", "state_onload_s", "state_offload_s",
+                     "serial_slice_s", "rollout_setup_s"):
             if not getattr(self, name) >= 0.0:
                 raise ValueError(f"CostParams.{name} must be >= 0, got {getattr(self, name)}")
         if not self.offload_bytes_per_s > 0.0:

@@ -159,10 +159,92 @@ def measure_rewards(seed: int = 0, per_task: int = 32) -> float:
     return statistics.median(per_sample)
 
 
+def measure_state_moves(settings: ProfileSettings) -> dict[str, float]:
+    """Median seconds of a train state's offload and onload as a device worker runs them
+    (``RealPipeline.export_train_state`` / ``import_train_state``: copying the actor and its
+    optimizer out to host tensors; building the actor and its trainer from them), and the
+    model's parameter count — at the profiled model, in this process, at the full share's
+    thread count, with no warm start (the weights' values do not change the cost).
+    """
+    import torch
+
+    from jigsawrl.config import PipelineSpec, TrainSpec
+    from jigsawrl.engine.pipeline import RealPipeline
+
+    before = torch.get_num_threads()
+    spec = PipelineSpec(name="profile", model=settings.model, task="arithmetic", batch_size=1,
+                        group_size=2, steps=1, use_ref=False,
+                        train=TrainSpec(warmup_steps=0, eval_size=0,
+                                        threads=max(settings.threads)))
+    try:
+        pipe = RealPipeline(spec, settings.seed)
+        pipe.start(train=True)
+        pipe.import_train_state(pipe.export_train_state())  # first uses, untimed
+        offloads, onloads = [], []
+        for _ in range(max(3, settings.repeats)):  # an export drops the state: alternate
+            t0 = time.perf_counter()
+            state = pipe.export_train_state()
+            t1 = time.perf_counter()
+            pipe.import_train_state(state)
+            offloads.append(t1 - t0)
+            onloads.append(time.perf_counter() - t1)
+        offload_s, onload_s = statistics.median(offloads), statistics.median(onloads)
+    finally:
+        torch.set_num_threads(before)
+    params = sum(int(t.numel()) for t in pipe.model.parameters())
+    log.info("train state moves: offload %.1f ms, onload %.1f ms", 1e3 * offload_s,
+             1e3 * onload_s)
+    return {"offload_s": offload_s, "onload_s": onload_s, "num_params": params}
+
+
+def measure_rank_setup(settings: ProfileSettings) -> float | None:
+    """Median set-up of a rollout rank's first slice as a Ray device worker runs it (its
+    ``setup_s``: a fresh engine holding the step's weights, the step's requests built), at the
+    profiled model on an arithmetic pipeline, in this process; None without Ray installed (the
+    worker's module imports it)."""
+    import torch
+
+    try:
+        from jigsawrl.executors.raycluster.messages import SliceRequest
+        from jigsawrl.executors.raycluster.worker_pipes import LocalPipelines
+        from jigsawrl.executors.raycluster.worker_rollout import RolloutHost
+    except ImportError as exc:
+        log.warning("rollout set-up not profiled (%s)", exc)
+        return None
+    from jigsawrl.config import PipelineSpec, TrainSpec
+
+    before = torch.get_num_threads()
+    spec = PipelineSpec(name="profile", model=settings.model, task="arithmetic", batch_size=4,
+                        group_size=2, steps=1, use_ref=False, max_response_tokens=8,
+                        train=TrainSpec(warmup_steps=0, eval_size=0))
+    try:
+        local = LocalPipelines(0, {spec.name: spec.model_dump_json()}, settings.seed)
+        host = RolloutHost(local)
+        pipe = local.get(spec.name)
+        host.warm(pipe)
+        host.preload(spec.name, 0, pipe.engine.model.state_dict())
+        setups = []
+        for step in range(max(3, settings.repeats) + 1):
+            req = SliceRequest(spec.name, step, 0, 0.0, max(settings.threads),
+                               tuple(range(spec.batch_size * spec.group_size)), 0, False, False)
+            setups.append(host.run_slice(req, None, ()).setup_s)
+            host.ranks.clear()
+    finally:
+        torch.set_num_threads(before)
+    seconds = statistics.median(setups[1:])  # the first is a warm-up
+    log.info("rollout rank set-up: %.1f ms", 1e3 * seconds)
+    return seconds
+
+
 def measure_runtime(settings: ProfileSettings, engine_model: Any) -> dict[str, Any]:
-    """Reward scoring per sample, and (when Ray is installed) an actor call and a transfer of
-    ``engine_model``'s fp32 weights between two Ray worker processes."""
-    out: dict[str, Any] = {"reward_s_per_sample": measure_rewards(settings.seed)}
+    """Reward scoring per sample, a train state's moves (:func:`measure_state_moves`), a
+    rollout rank's set-up (:func:`measure_rank_setup`), and (when Ray is installed) an actor
+    call and a transfer of ``engine_model``'s fp32 weights between two Ray worker processes."""
+    out: dict[str, Any] = {"reward_s_per_sample": measure_rewards(settings.seed),
+                           "state_move": measure_state_moves(settings)}
+    setup = measure_rank_setup(settings)
+    if setup is not None:
+        out["rank_setup_s"] = setup
     try:
         from jigsawrl.executors.raycluster.probe import measure_transport
     except ImportError as exc:

@@ -9,7 +9,9 @@ workload side (true requests, dispatch to ranks) is :mod:`.dispatch`.
 
 After every action and every event, the decodes whose devices' bandwidth contention changed are
 re-timed (:meth:`~.rollout_task.RolloutRuntime.refresh`); an interruption re-plans its own ranks
-and leaves the re-timing to the next event, as it always did.
+and leaves the re-timing to the next event, as it always did. On devices that run one call at a
+time (the truth's ``serial_slice_s`` > 0: Ray CPU workers) calls queue for their devices
+(:mod:`.gates`) and rollout ranks run in time slices between them (:mod:`.rollout_gates`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 from jigsawrl.costmodel.protocol import CostModelProtocol
 from jigsawrl.events import Event
 from jigsawrl.sim.contention import BandwidthContention
+from jigsawrl.sim.gates import DeviceGates
 from jigsawrl.sim.kernel import EventQueue
 from jigsawrl.sim.listener import SimListener
 from jigsawrl.sim.rollout_task import RolloutRuntime
@@ -39,11 +42,14 @@ class SimCluster:
         self.q = EventQueue()
         self.events: list[Event] = []
         self.contention = BandwidthContention(num_devices, cost)
+        slice_s = float(getattr(cost.params, "serial_slice_s", 0.0) or 0.0)
+        self.gates = DeviceGates(self.q, num_devices, slice_s) if slice_s > 0 else None
         self.streams = StreamRuntime(self.q, cost, self.events, self._works_on)
         self.rollouts = RolloutRuntime(self.q, cost, self.contention, self.events, listener,
-                                       self.streams)
+                                       self.streams, self.gates)
         self.works = WorkRuntime(self.q, cost, self.contention, self.events, listener,
-                                 self.rollouts.step_lens, num_devices, self.streams.streamed)
+                                 self.rollouts.step_lens, num_devices, self.streams.streamed,
+                                 self.gates)
 
     def _works_on(self, devices: tuple[int, ...]) -> bool:
         """Whether a compute work runs on any of ``devices`` (a stream server yields to it)."""

@@ -129,6 +129,11 @@ class RolloutInstance:
 
     # ------------------------------------------------------------------ state
     @property
+    def runnable(self) -> bool:
+        """Whether a segment could run now: a request queued or decoding (not only tool waits)."""
+        return bool(self.queue) or self.n_running > 0
+
+    @property
     def done(self) -> bool:
         return not self.queue and self.n_running == 0 and self.tool_waiting == 0
 

@@ -35,6 +35,7 @@ class FirstBatchMixin:
     def _set_demand(self, task: RolloutTask, rank: RankRun, demand: float) -> None: ...
     def _replan(self, task: RolloutTask, rank: RankRun) -> None: ...
     def _report_done(self, task: RolloutTask, samples: list[RequestTruth]) -> None: ...
+    def _ungate(self, task: RolloutTask, rank: RankRun) -> None: ...
 
     def _first_b_started(self, task: RolloutTask, reqs: list[RequestTruth]) -> None:
         """A first-B rollout started: track its groups, take over parked leftovers."""
@@ -85,6 +86,7 @@ class FirstBatchMixin:
             rank.inst.add_runs(self._drain_rank(task, rank))
             self._close_span(task, rank, now)
             self._set_demand(task, rank, 0.0)
+            self._ungate(task, rank)
 
     def _hand_over(self, old: RolloutTask, new: RolloutTask) -> None:
         """Move a cut rollout's unfinished requests (and its tool waits) into ``new``."""

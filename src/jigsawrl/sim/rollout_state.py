@@ -44,6 +44,9 @@ class RankRun:
     kappa: float = 1.0  # memory-bandwidth contention on its devices when its segment was planned
     index: int = 0  # rank number within its rollout
     owner: RolloutTask | None = None  # the rollout it belongs to
+    slice_end: Entry | None = None  # serial devices: when its time slice ends (sim/gates.py)
+    yield_due: bool = False  # serial devices: its slice ended in a prefill; yield after it
+    setup_due: bool = False  # its first segment also pays the worker's rank set-up
 
 
 @dataclass(slots=True, eq=False)

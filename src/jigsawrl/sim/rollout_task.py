@@ -14,16 +14,19 @@ traces small without losing band changes. A rank reports its unfinished count wh
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from jigsawrl.costmodel.protocol import CostModelProtocol
 from jigsawrl.events import Event, SampleFinished, Span
 from jigsawrl.sim.batching import Finished, FirstBatches, GroupTracker
 from jigsawrl.sim.contention import BandwidthContention
+from jigsawrl.sim.gates import DeviceGates
 from jigsawrl.sim.kernel import PRIO_ARRIVAL, PRIO_FINISH, PRIO_WAKE, EventQueue
 from jigsawrl.sim.listener import SimListener
 from jigsawrl.sim.rollout import ReqRun, RolloutInstance, Segment, SegmentResult
 from jigsawrl.sim.rollout_first_b import FirstBatchMixin
+from jigsawrl.sim.rollout_gates import GatedRanksMixin
 from jigsawrl.sim.rollout_state import DONE_BAND, OpenSpan, RankRun, RolloutTask
 from jigsawrl.sim.stream import StreamRuntime
 from jigsawrl.stages import Stage
@@ -35,7 +38,7 @@ log = logging.getLogger(__name__)
 __all__ = ["DONE_BAND", "RolloutRuntime"]
 
 
-class RolloutRuntime(FirstBatchMixin):
+class RolloutRuntime(GatedRanksMixin, FirstBatchMixin):  # GatedRanksMixin's _ungate first
     """Runs rollout tasks on the event queue (see the module docstring).
 
     Args:
@@ -45,11 +48,17 @@ class RolloutRuntime(FirstBatchMixin):
         events: where metric records go (shared with compute works).
         listener: where rank progress and finished rollouts are reported.
         streams: the streaming trainers of rollouts started with stream devices.
+        gates: devices that run one call at a time (:mod:`.gates`; None: co-located work
+            advances at its shares), on which ranks run in time slices (:mod:`.rollout_gates`).
     """
 
     def __init__(self, q: EventQueue, cost: CostModelProtocol, contention: BandwidthContention,
-                 events: list[Event], listener: SimListener, streams: StreamRuntime) -> None:
+                 events: list[Event], listener: SimListener, streams: StreamRuntime,
+                 gates: DeviceGates | None = None) -> None:
         self.q = q
+        self.gates = gates
+        # a rank's set-up in its first slice on a worker (CostParams.rollout_setup_s; 0: none)
+        self.setup_s = float(getattr(cost.params, "rollout_setup_s", 0.0) or 0.0)
         self.cost = cost
         self.contention = contention
         self.events = events
@@ -79,7 +88,7 @@ class RolloutRuntime(FirstBatchMixin):
                                    kv_budget_tokens=max(1, kv_tokens))
             inst.add(chunk)
             task.ranks.append(RankRun(inst, devices[r * tp:(r + 1) * tp], share, index=r,
-                                      owner=task))
+                                      owner=task, setup_due=self.setup_s > 0))
         reqs = [t for chunk in chunks for t in chunk]
         if stream_devices:
             task.groups = GroupTracker(reqs)
@@ -140,19 +149,26 @@ class RolloutRuntime(FirstBatchMixin):
 
     # ------------------------------------------------------------------ planning
     def _kappa(self, task: RolloutTask, rank: RankRun) -> float:
-        return self.contention.kappa((task.tid, rank.index), rank.devices, rank.share)
+        return self.contention.kappa((task.tid, rank.index), rank.devices, self._rate(rank))
 
     def _set_demand(self, task: RolloutTask, rank: RankRun, demand: float) -> None:
         self.contention.set_demand((task.tid, rank.index), rank.devices, demand,
                                    owner=(task, rank))
 
     def _plan_rank(self, task: RolloutTask, rank: RankRun) -> None:
+        if self.gates is not None and not self._gated(task, rank):
+            return  # waits for its device (sim/rollout_gates.py)
         now = self.q.now_s
         rank.kappa = self._kappa(task, rank)
-        seg = rank.inst.next_segment(now, rank.share,
-                                     self.contention.decode_share(rank.share, rank.kappa))
+        rate = self._rate(rank)
+        seg = rank.inst.next_segment(now, rate, self.contention.decode_share(rate, rank.kappa))
+        if seg is not None and rank.setup_due:  # a worker's fresh engine and requests first
+            rank.setup_due = False
+            seg = dataclasses.replace(seg, duration_s=seg.duration_s + self.setup_s / rate)
         rank.seg = seg
-        self._set_demand(task, rank, self.contention.bw(rank.share) if seg is not None else 0.0)
+        self._set_demand(task, rank, self.contention.bw(rate) if seg is not None else 0.0)
+        if seg is None:
+            self._ungate(task, rank)
         if seg is not None:
             self._extend_span(task, rank, seg.kind, now, seg.share, seg.flops, seg.tokens)
             rank.entry = self.q.schedule(now + seg.duration_s,
@@ -198,6 +214,9 @@ class RolloutRuntime(FirstBatchMixin):
         self._apply_result(task, rank, res)
 
     def _rescale_rank(self, task: RolloutTask, rank: RankRun, share: float) -> None:
+        if self.gates is not None:  # a gated rank runs at the whole device whatever its share
+            rank.share = share
+            return
         seg = rank.seg
         if seg is not None and seg.iters:
             self._interrupt(task, rank)

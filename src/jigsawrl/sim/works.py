@@ -6,7 +6,8 @@ A work's remaining work is tracked in *full-share seconds* and progresses at
 share it ran at is one span, carrying its part of the work's FLOPs and tokens. A running model pass
 demands memory bandwidth on its devices (:func:`~.contention.work_demand`), which slows the decodes
 there. A work's true cost (:func:`stage_cost`) comes from the truth cost model and the finished
-rollout's sequence lengths.
+rollout's sequence lengths; on a profiled worker pool a work also pays the train-state moves
+the Ray executor makes before it (:mod:`.residency`).
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from dataclasses import dataclass
 from jigsawrl.costmodel.protocol import CostModelProtocol
 from jigsawrl.events import Event, Span
 from jigsawrl.sim.contention import BandwidthContention, work_demand
+from jigsawrl.sim.gates import GATED_STAGES, DeviceGates
 from jigsawrl.sim.kernel import PRIO_FINISH, Entry, EventQueue
 from jigsawrl.sim.listener import SimListener
+from jigsawrl.sim.residency import WorkerResidency, moves_modelled
 from jigsawrl.stages import Stage
 from jigsawrl.workload.experiment import ResolvedPipeline
 
@@ -95,13 +98,18 @@ class WorkRuntime:
         num_devices: devices of the pool (what a host stage naming no device is costed on).
         streamed: ``(pipeline, step, stage) ->`` the sequence lengths streaming already put
             through that stage (:mod:`.stream`); a work costs only the rest.
+        gates: devices that run one call at a time (:mod:`.gates`; None: co-located works
+            advance at their shares): a gated stage waits for its devices, then runs at the
+            whole device to its end.
     """
 
     def __init__(self, q: EventQueue, cost: CostModelProtocol, contention: BandwidthContention,
                  events: list[Event], listener: SimListener,
                  step_lens: Mapping[tuple[str, int], tuple[int, ...]], num_devices: int,
-                 streamed: Callable[[str, int, str], Counter[int]] | None = None) -> None:
+                 streamed: Callable[[str, int, str], Counter[int]] | None = None,
+                 gates: DeviceGates | None = None) -> None:
         self.q = q
+        self.gates = gates
         self.cost = cost
         self.contention = contention
         self.events = events
@@ -110,6 +118,7 @@ class WorkRuntime:
         self.num_devices = num_devices
         self.streamed = streamed
         self.works: dict[str, Work] = {}
+        self.residency = WorkerResidency(cost) if moves_modelled(cost) else None
 
     def start(self, tid: str, pipe: ResolvedPipeline, step: int, stage: str,
               devices: tuple[int, ...], share: float) -> None:
@@ -123,14 +132,34 @@ class WorkRuntime:
         if done and stage == Stage.ACTOR_UPDATE and not lens:  # the optimizer step is left
             full_s = self.cost.train_time_s(pipe.model, n, 1)
         full_s += self.cost.dispatch_time_s(pipe.model, stage, n, dp_rounds(pipe, stage, n))
+        moved = (self.residency.move_s(pipe.spec.name, pipe.model, stage, devices)
+                 if self.residency is not None else None)
+        if moved is not None:  # a worker pool's train-state moves (sim/residency.py)
+            full_s = moved if stage in (Stage.ONLOAD, Stage.OFFLOAD) else full_s + moved
         w = Work(tid, pipe, step, stage, devices, share, full_s, self.q.now_s, flops,
                  tokens, total_full_s=full_s, span_start_s=self.q.now_s)
         self.works[tid] = w
-        self._schedule(w)
+        if self.gates is not None and stage in GATED_STAGES and devices:
+            self.gates.request(tid, devices, lambda: self._granted(w))
+        else:
+            self._schedule(w)
+
+    def _granted(self, w: Work) -> None:
+        """A gated work holds its devices: it runs from now (its span starts here)."""
+        if w.tid in self.works and w.entry is None:
+            w.span_start_s = self.q.now_s
+            self._schedule(w)
+
+    def _waiting(self, w: Work) -> bool:
+        """A gated work not yet holding its devices."""
+        return w.entry is None and self.gates is not None and self.gates.claimed(w.tid)
 
     def rescale(self, tid: str, share: float) -> None:
         """Run work ``tid`` at ``share`` from now on (its span so far is written)."""
         w = self.works[tid]
+        if self._waiting(w) or (self.gates is not None and w.stage in GATED_STAGES):
+            w.share = share  # a gated work runs at the whole device whatever its share
+            return
         self.q.cancel(w.entry)
         self._progress(w)
         self._emit_span(w, self.q.now_s)
@@ -141,9 +170,10 @@ class WorkRuntime:
         self.contention.set_demand((w.tid, WORK_DEMAND_RANK), w.devices, demand)
 
     def _schedule(self, w: Work) -> None:
-        self._set_demand(w, work_demand(w.stage, w.share))
-        w.slowdown = (1.0 if w.share <= 0 else
-                      self.cost.slowdown(w.stage, w.share, model=w.pipe.model))
+        rate = 1.0 if self.gates is not None and w.stage in GATED_STAGES else w.share
+        self._set_demand(w, work_demand(w.stage, rate))
+        w.slowdown = (1.0 if rate <= 0 else
+                      self.cost.slowdown(w.stage, rate, model=w.pipe.model))
         w.since_s = self.q.now_s
         w.entry = self.q.schedule(self.q.now_s + w.remaining_full_s * w.slowdown,
                                   (self._on_end, w), PRIO_FINISH)
@@ -169,4 +199,6 @@ class WorkRuntime:
         self._emit_span(w, self.q.now_s)
         del self.works[w.tid]
         self._set_demand(w, 0.0)
+        if self.gates is not None:
+            self.gates.release(w.tid)
         self.listener.task_done(w.tid, w.pipe.spec.name, w.step, w.stage, self.q.now_s)
