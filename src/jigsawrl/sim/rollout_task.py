@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 __all__ = ["DONE_BAND", "RolloutRuntime"]
 
 
-class RolloutRuntime(GatedRanksMixin, FirstBatchMixin):  # GatedRanksMixin's _ungate first
+class RolloutRuntime(GatedRanksMixin, FirstBatchMixin):  # the first defines _ungate, the other uses it
     """Runs rollout tasks on the event queue (see the module docstring).
 
     Args:
