@@ -11,7 +11,8 @@ import dataclasses
 import logging
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -159,6 +160,30 @@ def measure_rewards(seed: int = 0, per_task: int = 32) -> float:
     return statistics.median(per_sample)
 
 
+@contextmanager
+def _threads_kept() -> Iterator[None]:
+    """Restore torch's thread count after a measurement that builds a pipeline (its start sets
+    the count to the pipeline's own)."""
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _probe_spec(settings: ProfileSettings, batch_size: int, **fields: Any) -> Any:
+    """A small arithmetic pipeline on the profiled model, no warm start, at the full share's
+    thread count: what the runtime measurements run a worker's own code on."""
+    from jigsawrl.config import PipelineSpec, TrainSpec
+
+    return PipelineSpec(name="profile", model=settings.model, task="arithmetic",
+                        batch_size=batch_size, group_size=2, steps=1, use_ref=False,
+                        train=TrainSpec(warmup_steps=0, eval_size=0,
+                                        threads=max(settings.threads)), **fields)
+
+
 def measure_state_moves(settings: ProfileSettings) -> dict[str, float]:
     """Median seconds of a train state's offload and onload as a device worker runs them
     (``RealPipeline.export_train_state`` / ``import_train_state``: copying the actor and its
@@ -166,18 +191,10 @@ def measure_state_moves(settings: ProfileSettings) -> dict[str, float]:
     model's parameter count — at the profiled model, in this process, at the full share's
     thread count, with no warm start (the weights' values do not change the cost).
     """
-    import torch
-
-    from jigsawrl.config import PipelineSpec, TrainSpec
     from jigsawrl.engine.pipeline import RealPipeline
 
-    before = torch.get_num_threads()
-    spec = PipelineSpec(name="profile", model=settings.model, task="arithmetic", batch_size=1,
-                        group_size=2, steps=1, use_ref=False,
-                        train=TrainSpec(warmup_steps=0, eval_size=0,
-                                        threads=max(settings.threads)))
-    try:
-        pipe = RealPipeline(spec, settings.seed)
+    with _threads_kept():
+        pipe = RealPipeline(_probe_spec(settings, 1), settings.seed)
         pipe.start(train=True)
         pipe.import_train_state(pipe.export_train_state())  # first uses, untimed
         offloads, onloads = [], []
@@ -189,8 +206,6 @@ def measure_state_moves(settings: ProfileSettings) -> dict[str, float]:
             offloads.append(t1 - t0)
             onloads.append(time.perf_counter() - t1)
         offload_s, onload_s = statistics.median(offloads), statistics.median(onloads)
-    finally:
-        torch.set_num_threads(before)
     params = sum(int(t.numel()) for t in pipe.model.parameters())
     log.info("train state moves: offload %.1f ms, onload %.1f ms", 1e3 * offload_s,
              1e3 * onload_s)
@@ -202,8 +217,6 @@ def measure_rank_setup(settings: ProfileSettings) -> float | None:
     ``setup_s``: a fresh engine holding the step's weights, the step's requests built), at the
     profiled model on an arithmetic pipeline, in this process; None without Ray installed (the
     worker's module imports it)."""
-    import torch
-
     try:
         from jigsawrl.executors.raycluster.messages import SliceRequest
         from jigsawrl.executors.raycluster.worker_pipes import LocalPipelines
@@ -211,13 +224,8 @@ def measure_rank_setup(settings: ProfileSettings) -> float | None:
     except ImportError as exc:
         log.warning("rollout set-up not profiled (%s)", exc)
         return None
-    from jigsawrl.config import PipelineSpec, TrainSpec
-
-    before = torch.get_num_threads()
-    spec = PipelineSpec(name="profile", model=settings.model, task="arithmetic", batch_size=4,
-                        group_size=2, steps=1, use_ref=False, max_response_tokens=8,
-                        train=TrainSpec(warmup_steps=0, eval_size=0))
-    try:
+    spec = _probe_spec(settings, 4, max_response_tokens=8)
+    with _threads_kept():
         local = LocalPipelines(0, {spec.name: spec.model_dump_json()}, settings.seed)
         host = RolloutHost(local)
         pipe = local.get(spec.name)
@@ -229,8 +237,6 @@ def measure_rank_setup(settings: ProfileSettings) -> float | None:
                                tuple(range(spec.batch_size * spec.group_size)), 0, False, False)
             setups.append(host.run_slice(req, None, ()).setup_s)
             host.ranks.clear()
-    finally:
-        torch.set_num_threads(before)
     seconds = statistics.median(setups[1:])  # the first is a warm-up
     log.info("rollout rank set-up: %.1f ms", 1e3 * seconds)
     return seconds

@@ -55,17 +55,23 @@ class GatedRanksMixin:
                 self._arm_slice(task, rank)
                 return True
             self._ungate(task, rank)
-        gates.request(key, rank.devices, lambda: self._on_grant(task, rank))
-        if gates.holds(key):  # free: run now (the grant delivered later finds it running)
+        if self._ask(task, rank):  # free: run now (the grant delivered later finds it running)
             self._arm_slice(task, rank)
             return True
-        self._wait_for_gate(task, rank)
         return False
 
-    def _wait_for_gate(self, task: RolloutTask, rank: RankRun) -> None:
+    def _ask(self, task: RolloutTask, rank: RankRun) -> bool:
+        """Queue for the rank's gates; True when they are held at once, else the rank waits
+        (its span closed: a waiting rank is not busy)."""
+        assert self.gates is not None
+        key = (task.tid, rank.index)
+        self.gates.request(key, rank.devices, lambda: self._on_grant(task, rank))
+        if self.gates.holds(key):
+            return True
         self._close_span(task, rank, self.q.now_s)
         self._set_demand(task, rank, 0.0)
         self._report_progress(task, rank)
+        return False
 
     def _on_grant(self, task: RolloutTask, rank: RankRun) -> None:
         if task.tid not in self.tasks or task.closed or rank.redirect is not None:
@@ -101,8 +107,7 @@ class GatedRanksMixin:
             self._interrupt(task, rank)  # keeps what the iterations so far produced
         self._ungate(task, rank)
         if rank.inst.runnable:
-            gates.request(key, rank.devices, lambda: self._on_grant(task, rank))
-            self._wait_for_gate(task, rank)
+            self._ask(task, rank)  # behind the waiter
         else:
             self._plan_rank(task, rank)  # tool waits or done
 

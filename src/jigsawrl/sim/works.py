@@ -139,7 +139,7 @@ class WorkRuntime:
         w = Work(tid, pipe, step, stage, devices, share, full_s, self.q.now_s, flops,
                  tokens, total_full_s=full_s, span_start_s=self.q.now_s)
         self.works[tid] = w
-        if self.gates is not None and stage in GATED_STAGES and devices:
+        if self._gated(stage) and devices:
             self.gates.request(tid, devices, lambda: self._granted(w))
         else:
             self._schedule(w)
@@ -150,14 +150,14 @@ class WorkRuntime:
             w.span_start_s = self.q.now_s
             self._schedule(w)
 
-    def _waiting(self, w: Work) -> bool:
-        """A gated work not yet holding its devices."""
-        return w.entry is None and self.gates is not None and self.gates.claimed(w.tid)
+    def _gated(self, stage: str) -> bool:
+        """Whether ``stage`` queues for its devices and then runs at the whole device."""
+        return self.gates is not None and stage in GATED_STAGES
 
     def rescale(self, tid: str, share: float) -> None:
         """Run work ``tid`` at ``share`` from now on (its span so far is written)."""
         w = self.works[tid]
-        if self._waiting(w) or (self.gates is not None and w.stage in GATED_STAGES):
+        if self._gated(w.stage):
             w.share = share  # a gated work runs at the whole device whatever its share
             return
         self.q.cancel(w.entry)
@@ -170,7 +170,7 @@ class WorkRuntime:
         self.contention.set_demand((w.tid, WORK_DEMAND_RANK), w.devices, demand)
 
     def _schedule(self, w: Work) -> None:
-        rate = 1.0 if self.gates is not None and w.stage in GATED_STAGES else w.share
+        rate = 1.0 if self._gated(w.stage) else w.share
         self._set_demand(w, work_demand(w.stage, rate))
         w.slowdown = (1.0 if rate <= 0 else
                       self.cost.slowdown(w.stage, rate, model=w.pipe.model))
