@@ -121,3 +121,43 @@ def test_stall_names_the_tasks_the_executor_lost(fake_cost) -> None:  # noqa: AN
     ex = LosingExecutor(exp, truth_cost=fake_cost, seed=0, lengths={"p0": [1, 1]})
     with pytest.raises(SchedulerStalled, match=r"no longer runs: \['p0/0/rollout'\]"):
         Driver(exp, get_policy("verl-split"), ex, fake_cost).run()
+
+
+class Counting(PolicyBase):
+    """verl-split that wants rank progress, counts its decisions and the reports it was asked
+    about, and wakes on a report only when ``wake`` says so."""
+
+    name = "counting"
+    wants_rank_progress = True
+
+    def __init__(self, wake: bool) -> None:
+        self.inner = get_policy("verl-split")
+        self.wake = wake
+        self.decisions = 0
+        self.asked: list[tuple[int, ...]] = []
+
+    def decide(self, view):  # noqa: ANN001, ANN201
+        self.decisions += 1
+        return self.inner.decide(view)
+
+    def wakes_on_progress(self, task, unfinished) -> bool:  # noqa: ANN001
+        assert task.stage == Stage.ROLLOUT and len(unfinished) == len(task.rank_devices)
+        self.asked.append(tuple(unfinished))
+        return self.wake
+
+
+def test_rank_progress_wakes_the_policy_only_when_it_says_so(fake_cost) -> None:  # noqa: ANN001
+    exp = experiment(n_pipes=1, steps=2)
+    lengths = {"p0": [30, 300]}
+    runs = {}
+    for wake in (False, True):
+        pol = Counting(wake)
+        ex = FixedExecutor(exp, truth_cost=fake_cost, seed=0, lengths=lengths)
+        runs[wake] = (pol, Driver(exp, pol, ex, fake_cost).run())
+    quiet, woken = runs[False][0], runs[True][0]
+    assert quiet.asked == woken.asked and quiet.asked  # asked about every report, with its counts
+    assert any(0 in counts for counts in quiet.asked)  # a rank drained while the other ran
+    # each report the policy woke on costs one decision more; the run is the same (verl-split
+    # reads no counts)
+    assert woken.decisions == quiet.decisions + len(woken.asked)
+    assert runs[False][1].events == runs[True][1].events

@@ -81,8 +81,10 @@ class Driver:
                 notes = self.executor.advance()
                 for note in notes:
                     self._handle(note)
-                # Rank progress alone wakes only policies that asked for it (it is frequent).
-                decide = wants_progress or any(not isinstance(n, RankProgress) for n in notes)
+                # Rank progress alone wakes only policies that asked for it, and only when the
+                # policy says the new counts matter (reports are frequent).
+                decide = any(not isinstance(n, RankProgress) for n in notes) or (
+                    wants_progress and self._progress_wakes(notes))
                 self._events.extend(self.executor.drain_events())
         finally:
             self.executor.close()
@@ -239,6 +241,16 @@ class Driver:
         log.error("pipeline %s failed at step %d (%s): %s", note.pipeline, note.step, note.stage,
                   note.error)
         self._events.append(PipelineFailed(note.pipeline, note.step, note.time_s, note.error))
+
+    def _progress_wakes(self, notes: list[Notification]) -> bool:
+        """Does any rollout that reported progress, with its counts now, wake the policy?"""
+        for tid in dict.fromkeys(n.task_id for n in notes if isinstance(n, RankProgress)):
+            ps = self._pipe_of(tid)
+            task, counts = ps.running.get(tid), ps.unfinished.get(tid)
+            if task is not None and counts is not None and self.policy.wakes_on_progress(
+                    task, counts):
+                return True
+        return False
 
     # ------------------------------------------------------------------ helpers
     def _pipe_of(self, tid: str) -> PipelineState:

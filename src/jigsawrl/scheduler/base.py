@@ -243,7 +243,9 @@ class Policy(Protocol):
     """What the driver and the experiments call on a policy (pure: no I/O, no clock).
 
     ``wants_rank_progress``: the executor reports per-rank unfinished counts
-    (:class:`~jigsawrl.driver.protocol.RankProgress`) and the driver asks for a decision on each.
+    (:class:`~jigsawrl.driver.protocol.RankProgress`) and the driver asks for a decision on each
+    report after which ``wakes_on_progress(task, unfinished)`` (the rollout, its new counts) is
+    true.
     ``variants()``: the placements an experiment runs and keeps the best of (verl's split and
     serial, ...); a policy with one placement returns ``[self]``. ``report()``: what it says
     about its run once the run is over (the summary's ``policy_report``).
@@ -253,6 +255,8 @@ class Policy(Protocol):
     wants_rank_progress: bool
 
     def decide(self, view: View) -> Decision: ...
+
+    def wakes_on_progress(self, task: RunningTask, unfinished: Sequence[int]) -> bool: ...
 
     def variants(self) -> Sequence[Policy]: ...
 
@@ -265,6 +269,13 @@ class PolicyBase:
 
     name: str = "policy"
     wants_rank_progress: bool = False
+
+    def wakes_on_progress(self, task: RunningTask, unfinished: Sequence[int]) -> bool:
+        """Whether a progress report that left rollout ``task`` with ``unfinished`` requests
+        per rank calls for a decision. Default: every report does (asked only
+        of a policy that wants them); a policy whose decision reads counts only in some regimes
+        says which, so that the frequent reports in between cost nothing (issue 11)."""
+        return True
 
     def variants(self) -> Sequence[Policy]:
         return [self]  # type: ignore[list-item]

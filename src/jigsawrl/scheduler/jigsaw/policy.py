@@ -4,6 +4,7 @@ pieces at every decision (the package docstring says how it decides)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -14,6 +15,7 @@ from jigsawrl.scheduler.base import (
     PipelineView,
     Policy,
     PolicyBase,
+    RunningTask,
     StartStage,
     View,
     register_policy,
@@ -75,6 +77,8 @@ class JigsawPolicy(PolicyBase):
         self.tail = TailMigration(self.params, self.residency, self.predictions)
         self.shares = ShareAssigner(dynamic_shares, self.predictions.urgency)
         self._boards = BoardCache()
+        self._deferred = False  # the last decision's look-ahead held back a ready pass
+        self._acted = False  # the last decision changed the pool
 
     def report(self) -> dict[str, Any]:
         """What ran (jigsaw's plan or the verl placement it fell back to) and the predicted
@@ -99,7 +103,19 @@ class JigsawPolicy(PolicyBase):
             actions += self.tail.migrate(view, board)
         starts = self._choose_starts(view, board)
         actions += self.shares.share_actions(view, board, starts)
+        self._acted = bool(actions)
         return Decision(tuple(actions))
+
+    def wakes_on_progress(self, task: RunningTask, unfinished: Sequence[int]) -> bool:
+        """Only the tail migration reads per-rank counts: a report wakes jigsaw when the
+        migration could act on the rollout now (a verl placement it fell back to never reads
+        them). While the look-ahead defers a ready pass, every report wakes it: its forecast
+        moves with the clock, so the pass may be due at any report."""
+        if self._delegate is not None:
+            return self._delegate.wants_rank_progress and self._delegate.wakes_on_progress(
+                task, unfinished)
+        return self.choice is None or self._acted or self._deferred or self.shares.weighed or (
+            self.params.migration and self.tail.wakes(task, unfinished))
 
     def _choose_plan(self, view: View) -> PlanChoice:
         """jigsaw's width plan, or the verl placement predicted to finish sooner (module
@@ -150,9 +166,11 @@ class JigsawPolicy(PolicyBase):
         cands = [(pv, step, stage, self.placement.compute_devices(view, b, pv))
                  for pv, step, stage in ready]
         cands = [c for c in cands if c[3]]
+        self._deferred = False
         if not cands:
             return None
         best = self.lookahead.choose(view, b, cands)
+        self._deferred = best is None
         if best is None:
             return None
         return self.placement.start_compute(view, b, *best)

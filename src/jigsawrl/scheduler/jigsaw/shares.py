@@ -97,6 +97,7 @@ class ShareAssigner:
     def __init__(self, dynamic: bool, urgency: Callable[[View, PipelineView], float]) -> None:
         self.dynamic = dynamic
         self.urgency = urgency
+        self.weighed = False  # the last split weighed urgencies (which move with the clock)
         # (board token, urgencies weighed, splits, decreases, increases) of the last clean board
         self._memo: tuple[object, tuple[tuple[str, float], ...], Shares, list[Action],
                           list[Action]] | None = None
@@ -109,13 +110,16 @@ class ShareAssigner:
         the same placement (``Board.token``) when the urgencies they weighed are the same: they
         are remembered, not worked out again over the pool."""
         memo = self._memo
+        self.weighed = False
         if not b.dirty and b.token is not None and memo is not None and memo[0] is b.token:
             pvs = {pv.name: pv for pv in view.pipelines}
             if all(self.urgency(view, pvs[name]) == w for name, w in memo[1]):
+                self.weighed = bool(memo[1])
                 _, _, want, down, up = memo
                 return down + [with_share(a, want) for a in starts] + up
         used: dict[str, float] = {}
         want = self.assign(view, b, used)
+        self.weighed = bool(used)
         running = {t.task_id: t for pv in view.pipelines for t in pv.running}
         down: list[Action] = []
         up: list[Action] = []

@@ -10,6 +10,7 @@ slower consolidated tail, both estimated with the belief cost model.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from jigsawrl.scheduler.base import Action, Migrate, PipelineView, RunningTask, View
 from jigsawrl.scheduler.jigsaw.board import Board
@@ -46,11 +47,32 @@ class TailMigration:
         # rollout task -> (its inputs, its actions) when they depended on nothing else
         self._memo: dict[str, tuple[tuple[object, ...], list[Migrate]]] = {}
         self._capacity: dict[tuple[str, float], int] = {}
+        self._waiting = True  # what the last decision's _compute_waiting said
+
+    def wakes(self, t: RunningTask, counts: Sequence[int]) -> bool:
+        """Could :meth:`migrate` act on rollout ``t`` with ``counts`` unfinished per rank? The conditions of
+        :meth:`_find_tail_actions`, with whether a compute stage waits as the last decision
+        found it (only a finished or started task changes that, and each wakes the policy
+        anyway). A rank drained, or the tail small enough to consolidate for a waiting stage:
+        anything else leaves the decision as it was, so the report need not wake it."""
+        live = [r for r, s in enumerate(t.rank_shares) if s > 0]
+        if len(live) < 2 or len(counts) < len(t.rank_devices):
+            return False
+        busy = [counts[r] for r in live if counts[r] > 0]
+        if not busy:
+            return False
+        if len(busy) < len(live):
+            return True
+        per_rank = self._capacity.get((t.pipeline, self.residency.kv_mem))
+        if per_rank is None:
+            return True
+        return (self._waiting and sum(busy) <= self.params.tail_requests
+                and math.ceil(sum(busy) / per_rank) < len(busy))
 
     def migrate(self, view: View, b: Board) -> list[Action]:
         """Releases and consolidations of every running rollout's ranks."""
         actions: list[Action] = []
-        waiting = self._compute_waiting(view, b)
+        waiting = self._waiting = self._compute_waiting(view, b)
         live_tasks = {t.task_id for pv in view.pipelines for t in pv.running}
         for tid in [k for k in self._memo if k not in live_tasks]:
             del self._memo[tid]
