@@ -72,7 +72,7 @@ def test_forecast_serialises_training_and_shares_the_pool() -> None:
 def test_a_rollout_takes_the_devices_of_a_finished_pipeline() -> None:
     """Once a pipeline has finished, the other's next rollouts run wider (as the replan does)."""
     short = PlanPipe("s", 1, gen_s=5.0, width=4)
-    long_ = PlanPipe("l", 4, gen_s=20.0, width=4, wider=((8, 12.0),))
+    long_ = PlanPipe("l", 4, gen_s=20.0, width=4, wider=(8,), gen_at=lambda w: 12.0)
     res = forecast_plan([short, long_], 8, Rates(0.5, 1.0))
     assert res.finish_s["l"] == pytest.approx(20.0 + 3 * 12.0)
 

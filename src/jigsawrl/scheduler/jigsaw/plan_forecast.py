@@ -25,6 +25,7 @@ modelled), which makes the forecast pessimistic for plans that leave training fr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from jigsawrl.stages import Stage
@@ -38,7 +39,10 @@ class PlanPipe:
     steps: int  # steps left, the current one included
     gen_s: float  # one rollout at the planned width
     width: int  # devices the rollout holds
-    wider: tuple[tuple[int, float], ...] = ()  # (width, gen_s) of larger widths, ascending
+    wider: tuple[int, ...] = ()  # larger widths a rollout may take once others finish, ascending
+    # gen_s at one of ``wider``: asked only for a width that fits (each is a rollout replay, and
+    # most forecasts never free the room for one)
+    gen_at: Callable[[int], float] | None = None
     reward_s: float = 0.0
     train_s: float = 0.0  # model passes on the whole pool, full share
     move_s: float = 0.0  # onload + offload of the train state
@@ -136,8 +140,12 @@ def _start_rollouts(ps: list[_Pipe], n: int) -> None:
     for p in sorted(may, key=lambda x: -_work_left(x)) if len(may) > 1 else may:
         s = p.spec
         width, gen = s.width, s.gen_s
-        for w, g in s.wider:
-            if planned - s.width + w <= room and g < gen:
+        fits = room - planned + s.width  # the widest it may take (wider is ascending)
+        for w in s.wider:
+            if w > fits or s.gen_at is None:
+                break
+            g = s.gen_at(w)
+            if g < gen:
                 width, gen = w, g
         if held + width > n and held > 0:
             continue

@@ -174,8 +174,7 @@ class WidthPlanner:
         timer = self.timer
         reward, move, sync = timer.host_s(view, pv)
         gen = timer.gen_s(view, pv, width)
-        wider = tuple((w, timer.gen_s(view, pv, w))
-                      for w in width_ladder(len(view.devices), pv.spec.rollout_tp) if w > width)
+        wider = tuple(w for w in width_ladder(len(view.devices), pv.spec.rollout_tp) if w > width)
         step = pv.steps_completed
         rolling = [t for t in pv.running if t.step == step and t.stage == Stage.ROLLOUT]
         done = pv.done.get(step, frozenset())
@@ -184,7 +183,8 @@ class WidthPlanner:
             t = rolling[0]
             rolling_s = max(0.0, timer.gen_s(view, pv, len(t.devices)) - (view.now_s - t.start_s))
         left = pv.spec.steps - step
-        return PlanPipe(pv.name, max(1, math.ceil(left * scale)), gen, width, wider, reward,
+        return PlanPipe(pv.name, max(1, math.ceil(left * scale)), gen, width, wider,
+                        lambda w: timer.gen_s(view, pv, w), reward,
                         timer.train_s(view, pv), move, sync,
                         pv.spec.max_staleness if pv.spec.mode == "async" else 0,
                         rolling_s, not rolling and Stage.ROLLOUT in done)
