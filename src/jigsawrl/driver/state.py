@@ -89,6 +89,7 @@ class DeviceState:
     working: dict[str, float] = field(default_factory=dict)  # task id -> bytes
     shares: dict[str, float] = field(default_factory=dict)  # task id -> compute share
     _cached: DeviceView | None = None
+    _resident_view: MappingProxyType[str, float] | None = None  # rebuilt when resident changes
 
     @property
     def used(self) -> float:
@@ -104,8 +105,10 @@ class DeviceState:
         return self._cached
 
     def _build_view(self) -> DeviceView:
+        if self._resident_view is None:
+            self._resident_view = MappingProxyType(dict(self.resident))
         return DeviceView(self.index, self.node, self.capacity, self.used, self.share_used,
-                          tuple(self.shares), MappingProxyType(dict(self.resident)))
+                          tuple(self.shares), self._resident_view)
 
 
 class DriverState:
@@ -117,12 +120,25 @@ class DriverState:
         per = exp.config.cluster.accelerators_per_node
         self.devices = [DeviceState(i, i // per, exp.accelerator.hbm_bytes)
                         for i in range(exp.num_devices)]
-        # the device views as of the last change of any device (None: one changed since)
-        self._device_views: tuple[DeviceView, ...] | None = None
+        # the device views of the last view, and the devices changed since (rebuilt alone: a
+        # decision changes a few devices of a large pool)
+        self._device_views: tuple[DeviceView, ...] = ()
+        self._changed: set[int] = set(range(len(self.devices)))
+
+    def _touch_device(self, dev: DeviceState, resident: bool = False) -> None:
+        """Invalidate a device's view (after any change; ``resident``: its states moved)."""
+        dev._cached = None
+        if resident:
+            dev._resident_view = None
+        self._changed.add(dev.index)
 
     def view(self, now_s: float, cost: object) -> View:
-        if self._device_views is None:
-            self._device_views = tuple(d.view() for d in self.devices)
+        if self._changed:
+            views = list(self._device_views) or [d.view() for d in self.devices]
+            for i in self._changed:
+                views[i] = self.devices[i].view()
+            self._changed.clear()
+            self._device_views = tuple(views)
         return View(now_s, tuple(p.view() for p in self.pipes.values()),
                     self._device_views, self.exp.accelerator,
                     self.exp.config.cluster.accelerators_per_node, cost)
@@ -135,8 +151,7 @@ class DriverState:
     def set_resident(self, pipeline: str, devices: tuple[int, ...], nbytes: float) -> None:
         for d in devices:
             dev = self._device(d)
-            dev._cached = None
-            self._device_views = None
+            self._touch_device(dev, resident=True)
             old = dev.resident.pop(pipeline, 0.0)
             if nbytes > 0:
                 dev.resident[pipeline] = nbytes
@@ -170,8 +185,7 @@ class DriverState:
         for d in devices:
             self.devices[d].shares[tid] = share
             self.devices[d].working[tid] = mem
-            self.devices[d]._cached = None
-            self._device_views = None
+            self._touch_device(self.devices[d])
 
     def reshare(self, tid: str, share: float, devices: tuple[int, ...] | None = None) -> None:
         devs = [d for d in self.devices if tid in d.shares and (devices is None or d.index in
@@ -181,8 +195,7 @@ class DriverState:
                 raise InvariantError(f"device {dev.index}: share {share} for {tid} over capacity")
         for dev in devs:
             dev.shares[tid] = share
-            dev._cached = None
-            self._device_views = None
+            self._touch_device(dev)
 
     def release_devices(self, tid: str, devices: tuple[int, ...]) -> None:
         """Free ``devices`` of a running task (after a migration moved its work away)."""
@@ -191,16 +204,14 @@ class DriverState:
             if tid in dev.shares:
                 del dev.shares[tid]
                 dev.working.pop(tid, None)
-                dev._cached = None
-                self._device_views = None
+                self._touch_device(dev)
 
     def release(self, tid: str) -> None:
         for dev in self.devices:
             if tid in dev.shares:
                 del dev.shares[tid]
                 dev.working.pop(tid, None)
-                dev._cached = None
-                self._device_views = None
+                self._touch_device(dev)
 
     def _device(self, d: int) -> DeviceState:
         if not 0 <= d < len(self.devices):
