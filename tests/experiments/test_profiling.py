@@ -176,6 +176,11 @@ def test_quick_profile_end_to_end(tmp_path: Path) -> None:
     # a train state's moves, through the engine's export / import
     assert params.state_onload_s > 0 and params.state_offload_s >= 0
     assert params.rollout_setup_s > 0  # a rank's fresh engine, through the worker's slice
+    # the wait between two stages, through a short real run on the Ray executor
+    gap = read_profile(out)["raw_runtime"]["stage_gap"]
+    assert gap["transitions"] >= 8 and gap["gap_s"] > 0 and "rollout->reward" in gap[
+        "by_transition"]
+    assert params.stage_gap_s == pytest.approx(max(gap["gap_s"] - params.call_overhead_s, 0.0))
 
 
 def test_fit_runtime_recovers_the_transfer_line() -> None:

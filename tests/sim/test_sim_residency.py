@@ -94,3 +94,28 @@ def test_each_rank_pays_its_setup_once() -> None:
         ends.append([t for (_, _, left, _, t) in rec.progress if left == 0])
     # both ranks end exactly one set-up later: paid once each, in its first segment
     assert [b - a for a, b in zip(ends[0], ends[1], strict=True)] == [pytest.approx(0.02)] * 2
+
+
+def test_every_stage_and_rank_waits_the_stage_gap_once() -> None:
+    from tests.sim.test_sim_parts import reqs
+
+    exp = experiment()
+    pipe = exp.pipelines[0]
+    gap = 0.007
+    spans, ends = [], []
+    for g in (0.0, gap):
+        cost = CostModel(exp.accelerator, noise_sigma=0.0, params=CostParams(stage_gap_s=g))
+        rec = Recorder()
+        sim = SimCluster(exp.num_devices, cost, rec)
+        sim.rollouts.step_lens.update({("p0", 0): (100,) * 4})
+        sim.start_rollout("p0/0/rollout", pipe, 0, (0, 1), 1, 1.0, 1e10, [reqs(30), reqs(50)])
+        sim.start_work("p0/0/reward", pipe, 0, Stage.REWARD, (), 0.0)
+        sim.start_work("p0/0/old_logprob", pipe, 0, Stage.OLD_LOGPROB, (0,), 1.0)
+        while sim.step():
+            pass
+        ends.append([t for (_, _, left, _, t) in rec.progress if left == 0])
+        spans.append({e.stage: e.end_s - e.start_s for e in sim.drain_events()
+                      if isinstance(e, Span) and e.stage in (Stage.REWARD, Stage.OLD_LOGPROB)})
+    assert [b - a for a, b in zip(ends[0], ends[1], strict=True)] == [pytest.approx(gap)] * 2
+    assert {k: spans[1][k] - v for k, v in spans[0].items()} == {
+        Stage.REWARD: pytest.approx(gap), Stage.OLD_LOGPROB: pytest.approx(gap)}

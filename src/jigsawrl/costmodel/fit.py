@@ -15,7 +15,9 @@ worker's "compute share"), time
 - a plain memory copy (the memory bandwidth the cost model's memory terms use);
 - once, not per thread count (``runtime``): the built-in tasks' reward functions per sample, and
   through Ray between two worker processes an actor call and a transfer of the model's weights
-  (:mod:`jigsawrl.executors.raycluster.probe`): what a real run pays per stage beside compute,
+  (:mod:`jigsawrl.executors.raycluster.probe`), and the wait between two stages of a short real
+  run on the Ray executor (:mod:`jigsawrl.experiments.stage_gap`): what a real run pays per
+  stage beside compute,
 
 then fit the :class:`~jigsawrl.costmodel.CostModel`'s own shape at the largest thread count
 (the full share) and write a YAML profile that :func:`jigsawrl.costmodel.profile.load_profile`
@@ -257,6 +259,9 @@ def fit_runtime(runtime: dict[str, Any], host_link_bytes_per_s: float | None = N
     params.update(call_overhead_s=call, reward_overhead_s=call,
                   worker_link_bytes_per_s=1.0 / slope,
                   worker_link_latency_s=max(t1 - b1 * slope - 2.0 * call, 0.0))
+    gap = runtime.get("stage_gap")
+    if gap:  # the empty call is charged per stage already: the rest of the measured wait
+        params["stage_gap_s"] = max(float(gap["gap_s"]) - call, 0.0)
     return params
 
 

@@ -49,7 +49,8 @@ OPTIONAL_PARAM_KEYS: tuple[str, ...] = (
     "logprob_overhead_s", "train_overhead_s",
     # the runtime pass (rewards; Ray calls and transfers between worker processes)
     "reward_s_per_sample", "reward_overhead_s", "call_overhead_s", "worker_link_bytes_per_s",
-    "worker_link_latency_s", "state_onload_s", "state_offload_s", "rollout_setup_s")
+    "worker_link_latency_s", "state_onload_s", "state_offload_s", "rollout_setup_s",
+    "stage_gap_s")
 # Facts about the profiled engine (true/false), also absent from older files (default False).
 OPTIONAL_FLAG_KEYS: tuple[str, ...] = ("train_pads_rows",)
 UNPROFILED_PARAMS: tuple[str, ...] = tuple(

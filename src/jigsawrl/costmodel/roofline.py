@@ -140,6 +140,13 @@ class CostParams:
     # `jigsawrl profile` measures it through the worker's own slice; 0 = not modelled (the GPU
     # presets, whose engines persist between steps).
     rollout_setup_s: float = 0.0
+    # What a worker pool waits between a stage's end and the start of the call it enables,
+    # beyond ``call_overhead_s``: the result's return to the driver with its payload, the
+    # driver's bookkeeping and decision, the next call's dispatch and argument unpacking on its
+    # worker (6-17 ms per stage on this 2-core CPU under load, against a 1-3 ms empty call).
+    # `jigsawrl profile` measures it through the Ray executor on a probe run; charged before
+    # every stage of a step (a rollout's in its ranks' first slice). 0 = not modelled (GPU).
+    stage_gap_s: float = 0.0
     # Fixed cost of one host transfer call: pinned-buffer setup, synchronisation (assumption).
     host_transfer_latency_s: float = 1e-3
     # Effective host <-> device bandwidth of verl's offload (train.param_offload,
@@ -176,7 +183,7 @@ class CostParams:
             raise ValueError("CostParams.devices_per_node and train_micro_batch_tokens must be >= 1")
         for name in ("eager_iter_overhead_s_per_layer", "reward_s_per_sample",
                      "reward_overhead_s", "state_onload_s", "state_offload_s",
-                     "serial_slice_s", "rollout_setup_s"):
+                     "serial_slice_s", "rollout_setup_s", "stage_gap_s"):
             if not getattr(self, name) >= 0.0:
                 raise ValueError(f"CostParams.{name} must be >= 0, got {getattr(self, name)}")
         if not self.offload_bytes_per_s > 0.0:

@@ -23,6 +23,7 @@ from jigsawrl.costmodel.fit import (
     median_time_s,
 )
 from jigsawrl.experiments.machine import machine_info
+from jigsawrl.experiments.stage_gap import measure_stage_gap
 from jigsawrl.stages import Stage
 
 log = logging.getLogger(__name__)
@@ -245,7 +246,9 @@ def measure_rank_setup(settings: ProfileSettings) -> float | None:
 def measure_runtime(settings: ProfileSettings, engine_model: Any) -> dict[str, Any]:
     """Reward scoring per sample, a train state's moves (:func:`measure_state_moves`), a
     rollout rank's set-up (:func:`measure_rank_setup`), and (when Ray is installed) an actor
-    call and a transfer of ``engine_model``'s fp32 weights between two Ray worker processes."""
+    call and a transfer of ``engine_model``'s fp32 weights between two Ray worker processes,
+    and the wait between two stages of a real run on the Ray executor
+    (:func:`~jigsawrl.experiments.stage_gap.measure_stage_gap`)."""
     out: dict[str, Any] = {"reward_s_per_sample": measure_rewards(settings.seed),
                            "state_move": measure_state_moves(settings)}
     setup = measure_rank_setup(settings)
@@ -258,6 +261,10 @@ def measure_runtime(settings: ProfileSettings, engine_model: Any) -> dict[str, A
         return out
     weights = {k: v.detach().float().clone() for k, v in engine_model.state_dict().items()}
     out["ray"] = measure_transport(weights, reps=max(5, 3 * settings.repeats))
+    with _threads_kept():
+        gap = measure_stage_gap(settings.model, settings.seed)
+    if gap is not None:
+        out["stage_gap"] = gap
     return out
 
 

@@ -57,8 +57,10 @@ class RolloutRuntime(GatedRanksMixin, FirstBatchMixin):  # the first defines _un
                  gates: DeviceGates | None = None) -> None:
         self.q = q
         self.gates = gates
-        # a rank's set-up in its first slice on a worker (CostParams.rollout_setup_s; 0: none)
-        self.setup_s = float(getattr(cost.params, "rollout_setup_s", 0.0) or 0.0)
+        # a rank's set-up in its first slice on a worker, after the wait for its call
+        # (CostParams.rollout_setup_s and stage_gap_s; 0: none)
+        self.setup_s = float(getattr(cost.params, "rollout_setup_s", 0.0) or 0.0) + float(
+            getattr(cost.params, "stage_gap_s", 0.0) or 0.0)
         self.cost = cost
         self.contention = contention
         self.events = events

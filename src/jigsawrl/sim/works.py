@@ -119,6 +119,7 @@ class WorkRuntime:
         self.streamed = streamed
         self.works: dict[str, Work] = {}
         self.residency = WorkerResidency(cost) if moves_modelled(cost) else None
+        self.stage_gap_s = float(getattr(getattr(cost, "params", None), "stage_gap_s", 0.0) or 0.0)
 
     def start(self, tid: str, pipe: ResolvedPipeline, step: int, stage: str,
               devices: tuple[int, ...], share: float) -> None:
@@ -136,6 +137,7 @@ class WorkRuntime:
                  if self.residency is not None else None)
         if moved is not None:  # a worker pool's train-state moves (sim/residency.py)
             full_s = moved if stage in (Stage.ONLOAD, Stage.OFFLOAD) else full_s + moved
+        full_s += self.stage_gap_s  # a worker pool's wait for the call (CostParams.stage_gap_s)
         w = Work(tid, pipe, step, stage, devices, share, full_s, self.q.now_s, flops,
                  tokens, total_full_s=full_s, span_start_s=self.q.now_s)
         self.works[tid] = w

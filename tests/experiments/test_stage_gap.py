@@ -1,0 +1,50 @@
+"""The profile's stage-gap probe: what a worker pool waits between two stages of a real run."""
+
+from __future__ import annotations
+
+import pytest
+
+from jigsawrl.costmodel.fit import fit_runtime
+from jigsawrl.events import Span
+from jigsawrl.experiments.stage_gap import probe_config, stage_gaps
+from jigsawrl.stages import Stage
+
+
+def span(pipe: str, step: int, stage: Stage, start: float, end: float, rank: int = 0) -> Span:
+    return Span(pipe, step, stage, rank, (rank,), start, end)
+
+
+def test_gaps_run_from_a_stage_last_span_to_the_next_first_one() -> None:
+    events = [
+        span("a", 0, Stage.PREFILL, 0.00, 0.01), span("a", 0, Stage.DECODE_SMALL, 0.02, 0.20),
+        span("a", 0, Stage.DECODE_SMALL, 0.03, 0.25, rank=1),  # the rollout ends with rank 1
+        span("a", 0, Stage.REWARD, 0.26, 0.27),
+        span("a", 0, Stage.OLD_LOGPROB, 0.28, 0.30),
+        span("a", 1, Stage.PREFILL, 0.33, 0.34),  # the next step's rollout
+        span("b", 0, Stage.PREFILL, 0.00, 0.01), span("b", 0, Stage.REWARD, 0.015, 0.02),
+    ]
+    gaps = stage_gaps(events)
+    assert gaps == {"rollout->reward": [pytest.approx(0.01), pytest.approx(0.005)],
+                    "reward->old_logprob": [pytest.approx(0.01)],
+                    "old_logprob->rollout": [pytest.approx(0.03)]}
+
+
+def test_overlapping_stages_give_no_gap() -> None:
+    events = [span("a", 0, Stage.PREFILL, 0.0, 0.5), span("a", 0, Stage.OLD_LOGPROB, 0.4, 0.6)]
+    assert stage_gaps(events) == {}
+
+
+def test_the_probe_is_two_pipelines_one_per_device() -> None:
+    cfg = probe_config("qwen2-1m")
+    assert cfg.cluster.accelerator == "cpu-worker" and cfg.cluster.accelerators_per_node == 2
+    assert [p.task for p in cfg.pipelines] == ["arithmetic", "arithmetic"]
+    assert cfg.scheduler.name == "verl-split"
+
+
+def test_the_fit_keeps_what_the_empty_call_does_not_charge() -> None:
+    ray = {"call_s": 0.002, "transfer": [{"bytes": 1e6, "time_s": 0.01},
+                                         {"bytes": 8e6, "time_s": 0.03}]}
+    assert fit_runtime({"ray": ray, "stage_gap": {"gap_s": 0.009}})["stage_gap_s"] == \
+        pytest.approx(0.007)
+    assert fit_runtime({"ray": ray, "stage_gap": {"gap_s": 0.001}})["stage_gap_s"] == 0.0
+    assert "stage_gap_s" not in fit_runtime({"ray": ray})
