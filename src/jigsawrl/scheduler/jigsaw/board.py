@@ -3,10 +3,10 @@
 Built from the view at every decision (:func:`build_board`) and updated as the decision
 claims devices (rollout and compute starts, migrations), so that each choice sees the ones made
 before it in the same decision; never kept between decisions. (:class:`BoardCache` builds it
-once per placement of the running tasks and hands each decision a copy-on-write copy: most
-decisions follow a progress report that moved no task, and the copy costs no scan of the pool.) Only tasks that hold compute are on
-it: a rollout (kind ``memory``: memory-bound decode) on the devices of its live ranks, a model
-pass (kind ``compute``) on its devices. Reward, weight sync and memory moves
+once per placement of the running tasks and hands each decision a copy-on-write copy: many
+decisions follow a progress report that moved no task, and the copy costs no scan of the pool.)
+Only tasks that hold compute are on it: a rollout (kind ``memory``: memory-bound decode) on the
+devices of its live ranks, a model pass (kind ``compute``) on its devices. Reward, weight sync and memory moves
 (:data:`~jigsawrl.stages.HOST_STAGES`) hold no compute share and are left off.
 """
 

@@ -109,8 +109,11 @@ class JigsawPolicy(PolicyBase):
     def wakes_on_progress(self, task: RunningTask, unfinished: Sequence[int]) -> bool:
         """Only the tail migration reads per-rank counts: a report wakes jigsaw when the
         migration could act on the rollout now (a verl placement it fell back to never reads
-        them). While the look-ahead defers a ready pass, every report wakes it: its forecast
-        moves with the clock, so the pass may be due at any report."""
+        them). Three parts of a decision move with the clock instead, and while one is in play
+        every report wakes it, as before: a look-ahead that deferred a ready pass (its forecast
+        may call the pass due at any report), dynamic shares that weighed urgencies (lateness
+        grows), and a decision that changed the pool (the next one settles what it started:
+        a new rollout's ranks get their shares)."""
         if self._delegate is not None:
             return self._delegate.wants_rank_progress and self._delegate.wakes_on_progress(
                 task, unfinished)

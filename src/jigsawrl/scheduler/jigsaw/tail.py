@@ -50,9 +50,9 @@ class TailMigration:
         self._waiting = True  # what the last decision's _compute_waiting said
 
     def wakes(self, t: RunningTask, counts: Sequence[int]) -> bool:
-        """Could :meth:`migrate` act on rollout ``t`` with ``counts`` unfinished per rank? The conditions of
-        :meth:`_find_tail_actions`, with whether a compute stage waits as the last decision
-        found it (only a finished or started task changes that, and each wakes the policy
+        """Could :meth:`migrate` act on rollout ``t`` with ``counts`` unfinished per rank? The
+        conditions of :meth:`_find_tail_actions`, with whether a compute stage waits as the last
+        decision found it (only a finished or started task changes that, and each wakes the policy
         anyway). A rank drained, or the tail small enough to consolidate for a waiting stage:
         anything else leaves the decision as it was, so the report need not wake it."""
         live = [r for r, s in enumerate(t.rank_shares) if s > 0]
