@@ -112,3 +112,37 @@ def test_a_rank_yields_its_device_at_the_end_of_a_slice() -> None:
     after = [e for e in gen if e.start_s >= upd.end_s - 1e-9]
     assert before and after and len(before) + len(after) == len(gen)  # nothing overlaps
     assert rec.progress[-1][2:4] == (0, DONE_BAND)  # the request finished
+
+
+def test_each_slice_and_each_resume_after_tools_is_a_call_that_waits_the_gap() -> None:
+    """On serial devices a rank's every slice after the first, and every resume after tool
+    waits, is a call of its own on the executor: each waits one stage gap."""
+    exp = experiment()
+    pipe = exp.pipelines[0]
+    gap = 0.01
+
+    def end(reqs: list[RequestTruth], g: float) -> tuple[float, int]:
+        cost = serial_cost(exp, 0.2)
+        cost = CostModel(exp.accelerator, noise_sigma=0.0, params=dataclasses.replace(
+            cost.params, stage_gap_s=g))
+        rec = Recorder()
+        sim = SimCluster(exp.num_devices, cost, rec)
+        sim.start_rollout("p0/0/rollout", pipe, 0, (0,), 1, 1.0, 10_000_000_000, [reqs])
+        while sim.step():
+            pass
+        return rec.progress[-1][4], len([e for e in sim.drain_events() if isinstance(e, Span)])
+
+    long = [RequestTruth("p0/0/0", 10, (TurnTruth(3000),))]
+    plain, _ = end(long, 0.0)
+    gapped, _ = end(long, gap)
+    slices = int(plain / 0.2)  # slice ends the plain run crosses (at least)
+    assert slices >= 3
+    # the first call's gap, and one per later slice (the gaps stretch the run: a few more)
+    assert gap * (1 + slices) - 1e-9 <= gapped - plain <= gap * (2 + gapped / 0.2) + 1e-9
+    # a multi-turn request: each tool wait ends in a resume, a call of its own
+    tools = [RequestTruth("p0/0/0", 10, tuple(TurnTruth(5, tool_latency_s=0.5,
+                                                         tool_result_tokens=4)
+                                               for _ in range(3)) + (TurnTruth(5),))]
+    plain, _ = end(tools, 0.0)
+    gapped, _ = end(tools, gap)
+    assert gapped - plain == pytest.approx(gap * (1 + 3))  # the first call and three resumes

@@ -2,7 +2,10 @@
 
 A rank with something to run holds its devices' gates; it runs at the whole device (a CPU
 worker's call gets the device's threads whatever its share) in slices of ``slice_s``, as the
-Ray executor's ranks run in ``chunk_s`` slices. When a slice ends and another call waits on its
+Ray executor's ranks run in ``chunk_s`` slices, each a call of its own: every slice after the
+first stretches the running segment by one stage gap (``CostParams.stage_gap_s``), and a resume
+after tool waits or after yielding waits one before its next segment. When a slice ends and
+another call waits on its
 device, the rank stops after its current iteration (a prefill runs to its end first), gives the
 gate back and queues behind that call; while nobody waits it goes on. A rank whose requests all
 wait for tools gives its gate back until one is ready. While it waits for a gate its span is
@@ -24,6 +27,7 @@ class GatedRanksMixin:
     q: EventQueue
     gates: DeviceGates | None
     tasks: dict[str, RolloutTask]
+    gap_s: float  # the wait for each call on a worker (CostParams.stage_gap_s)
 
     if TYPE_CHECKING:  # provided by RolloutRuntime (stubs only for the type checker: a stub
         # defined here would shadow the real method of a mixin later in the bases)
@@ -32,6 +36,7 @@ class GatedRanksMixin:
         def _close_span(self, task: RolloutTask, rank: RankRun, now: float) -> None: ...
         def _set_demand(self, task: RolloutTask, rank: RankRun, demand: float) -> None: ...
         def _report_progress(self, task: RolloutTask, rank: RankRun) -> None: ...
+        def _stretch(self, task: RolloutTask, rank: RankRun, seconds: float) -> None: ...
 
     def _rate(self, rank: RankRun) -> float:
         """The share a rank's segments run at: its own, or the whole device when gated."""
@@ -97,8 +102,12 @@ class GatedRanksMixin:
         if not gates.holds(key):
             return
         if not gates.waited_on(key):
+            if self.gap_s > 0 and rank.seg is not None:  # the next slice is a call of its own
+                self._stretch(task, rank, self.gap_s)
             self._arm_slice(task, rank)
             return
+        if self.gap_s > 0:  # it yields: its resume after the waiter is a call of its own
+            rank.calls_due += 1
         seg = rank.seg
         if seg is not None and not seg.iters:  # a prefill: it runs to its end first
             rank.yield_due = True

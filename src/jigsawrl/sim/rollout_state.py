@@ -47,6 +47,9 @@ class RankRun:
     slice_end: Entry | None = None  # serial devices: when its time slice ends (sim/gates.py)
     yield_due: bool = False  # serial devices: its slice ended in a prefill; yield after it
     setup_due: bool = False  # its first segment also pays the worker's rank set-up
+    # serial devices: calls on its worker its next segment resumes in (after tool waits, after
+    # yielding to another call); that segment waits a stage gap for each
+    calls_due: int = 0
 
 
 @dataclass(slots=True, eq=False)

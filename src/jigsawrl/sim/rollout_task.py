@@ -57,10 +57,10 @@ class RolloutRuntime(GatedRanksMixin, FirstBatchMixin):  # the first defines _un
                  gates: DeviceGates | None = None) -> None:
         self.q = q
         self.gates = gates
-        # a rank's set-up in its first slice on a worker, after the wait for its call
-        # (CostParams.rollout_setup_s and stage_gap_s; 0: none)
-        self.setup_s = float(getattr(cost.params, "rollout_setup_s", 0.0) or 0.0) + float(
-            getattr(cost.params, "stage_gap_s", 0.0) or 0.0)
+        # the wait for each call on a worker (CostParams.stage_gap_s), and a rank's set-up in
+        # its first slice, after its call's wait (rollout_setup_s; 0: none)
+        self.gap_s = float(getattr(cost.params, "stage_gap_s", 0.0) or 0.0)
+        self.setup_s = float(getattr(cost.params, "rollout_setup_s", 0.0) or 0.0) + self.gap_s
         self.cost = cost
         self.contention = contention
         self.events = events
@@ -167,6 +167,10 @@ class RolloutRuntime(GatedRanksMixin, FirstBatchMixin):  # the first defines _un
         if seg is not None and rank.setup_due:  # a worker's fresh engine and requests first
             rank.setup_due = False
             seg = dataclasses.replace(seg, duration_s=seg.duration_s + self.setup_s / rate)
+        if seg is not None and rank.calls_due:  # it resumes in a new call (after tools, a yield)
+            seg = dataclasses.replace(seg, duration_s=seg.duration_s
+                                      + rank.calls_due * self.gap_s)
+            rank.calls_due = 0
         rank.seg = seg
         self._set_demand(task, rank, self.contention.bw(rate) if seg is not None else 0.0)
         if seg is None:
@@ -176,12 +180,25 @@ class RolloutRuntime(GatedRanksMixin, FirstBatchMixin):  # the first defines _un
             rank.entry = self.q.schedule(now + seg.duration_s,
                                          (self._on_segment_end, task, rank), PRIO_FINISH)
         elif rank.inst.tool_waiting:
+            if self.gates is not None and self.gap_s > 0 and (
+                    rank.open is None or rank.open.stage != Stage.TOOL_WAIT):
+                rank.calls_due += 1  # its call returns; the resume is a call of its own
             self._extend_span(task, rank, Stage.TOOL_WAIT, now, rank.share, 0.0, 0)
         else:
             self._close_span(task, rank, now)
         self._report_progress(task, rank)
         if seg is None and not task.first_b and all(rk.inst.done for rk in task.ranks):
             self._finish(task)
+
+    def _stretch(self, task: RolloutTask, rank: RankRun, seconds: float) -> None:
+        """The running segment ends ``seconds`` later, its work unchanged (a wait inside it:
+        the executor's next slice call)."""
+        seg = rank.seg
+        assert seg is not None
+        self.q.cancel(rank.entry)
+        rank.seg = dataclasses.replace(seg, duration_s=seg.duration_s + seconds)
+        rank.entry = self.q.schedule(seg.start_s + rank.seg.duration_s,
+                                     (self._on_segment_end, task, rank), PRIO_FINISH)
 
     def _replan(self, task: RolloutTask, rank: RankRun) -> None:
         if rank.seg is not None and rank.seg.iters:
