@@ -14,7 +14,6 @@ traces small without losing band changes. A rank reports its unfinished count wh
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 
 from jigsawrl.costmodel.protocol import CostModelProtocol
@@ -25,6 +24,7 @@ from jigsawrl.sim.gates import DeviceGates
 from jigsawrl.sim.kernel import PRIO_ARRIVAL, PRIO_FINISH, PRIO_WAKE, EventQueue
 from jigsawrl.sim.listener import SimListener
 from jigsawrl.sim.rollout import ReqRun, RolloutInstance, Segment, SegmentResult
+from jigsawrl.sim.rollout_calls import WorkerCallsMixin
 from jigsawrl.sim.rollout_first_b import FirstBatchMixin
 from jigsawrl.sim.rollout_gates import GatedRanksMixin
 from jigsawrl.sim.rollout_state import DONE_BAND, OpenSpan, RankRun, RolloutTask
@@ -38,7 +38,8 @@ log = logging.getLogger(__name__)
 __all__ = ["DONE_BAND", "RolloutRuntime"]
 
 
-class RolloutRuntime(GatedRanksMixin, FirstBatchMixin):  # the first defines _ungate, the other uses it
+# GatedRanksMixin comes first: it defines _ungate, which FirstBatchMixin uses.
+class RolloutRuntime(GatedRanksMixin, FirstBatchMixin, WorkerCallsMixin):
     """Runs rollout tasks on the event queue (see the module docstring).
 
     Args:
@@ -57,10 +58,7 @@ class RolloutRuntime(GatedRanksMixin, FirstBatchMixin):  # the first defines _un
                  gates: DeviceGates | None = None) -> None:
         self.q = q
         self.gates = gates
-        # the wait for each call on a worker (CostParams.stage_gap_s), and a rank's set-up in
-        # its first slice, after its call's wait (rollout_setup_s; 0: none)
-        self.gap_s = float(getattr(cost.params, "stage_gap_s", 0.0) or 0.0)
-        self.setup_s = float(getattr(cost.params, "rollout_setup_s", 0.0) or 0.0) + self.gap_s
+        self._init_calls(cost)  # the waits of a rank's worker calls (sim/rollout_calls.py)
         self.cost = cost
         self.contention = contention
         self.events = events
@@ -164,13 +162,8 @@ class RolloutRuntime(GatedRanksMixin, FirstBatchMixin):  # the first defines _un
         rank.kappa = self._kappa(task, rank)
         rate = self._rate(rank)
         seg = rank.inst.next_segment(now, rate, self.contention.decode_share(rate, rank.kappa))
-        if seg is not None and rank.setup_due:  # a worker's fresh engine and requests first
-            rank.setup_due = False
-            seg = dataclasses.replace(seg, duration_s=seg.duration_s + self.setup_s / rate)
-        if seg is not None and rank.calls_due:  # it resumes in a new call (after tools, a yield)
-            seg = dataclasses.replace(seg, duration_s=seg.duration_s
-                                      + rank.calls_due * self.gap_s)
-            rank.calls_due = 0
+        if seg is not None:
+            seg = self._with_call_waits(rank, seg, rate)
         rank.seg = seg
         self._set_demand(task, rank, self.contention.bw(rate) if seg is not None else 0.0)
         if seg is None:
@@ -180,25 +173,13 @@ class RolloutRuntime(GatedRanksMixin, FirstBatchMixin):  # the first defines _un
             rank.entry = self.q.schedule(now + seg.duration_s,
                                          (self._on_segment_end, task, rank), PRIO_FINISH)
         elif rank.inst.tool_waiting:
-            if self.gates is not None and self.gap_s > 0 and (
-                    rank.open is None or rank.open.stage != Stage.TOOL_WAIT):
-                rank.calls_due += 1  # its call returns; the resume is a call of its own
+            self._note_idle(rank)
             self._extend_span(task, rank, Stage.TOOL_WAIT, now, rank.share, 0.0, 0)
         else:
             self._close_span(task, rank, now)
         self._report_progress(task, rank)
         if seg is None and not task.first_b and all(rk.inst.done for rk in task.ranks):
             self._finish(task)
-
-    def _stretch(self, task: RolloutTask, rank: RankRun, seconds: float) -> None:
-        """The running segment ends ``seconds`` later, its work unchanged (a wait inside it:
-        the executor's next slice call)."""
-        seg = rank.seg
-        assert seg is not None
-        self.q.cancel(rank.entry)
-        rank.seg = dataclasses.replace(seg, duration_s=seg.duration_s + seconds)
-        rank.entry = self.q.schedule(seg.start_s + rank.seg.duration_s,
-                                     (self._on_segment_end, task, rank), PRIO_FINISH)
 
     def _replan(self, task: RolloutTask, rank: RankRun) -> None:
         if rank.seg is not None and rank.seg.iters:
