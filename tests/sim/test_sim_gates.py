@@ -146,23 +146,3 @@ def test_each_slice_and_each_resume_after_tools_is_a_call_that_waits_the_gap() -
     plain, _ = end(tools, 0.0)
     gapped, _ = end(tools, gap)
     assert gapped - plain == pytest.approx(gap * (1 + 3))  # the first call and three resumes
-
-
-def test_a_pass_reaches_its_serial_device_one_gap_after_its_launch() -> None:
-    """The wait for a call comes before the call reaches its worker: the device is free for
-    another call meanwhile, and the pass's span holds no gap."""
-    exp = experiment()
-    pipe = exp.pipelines[0]
-    spans = {}
-    for g in (0.0, 0.01):
-        cost = serial_cost(exp, 0.2)
-        cost = CostModel(exp.accelerator, noise_sigma=0.0,
-                         params=dataclasses.replace(cost.params, stage_gap_s=g))
-        sim = SimCluster(exp.num_devices, cost, Recorder())
-        sim.rollouts.step_lens.update({("p0", 0): (400,) * 4})
-        sim.start_work("p0/0/old_logprob", pipe, 0, Stage.OLD_LOGPROB, (0,), 1.0)
-        while sim.step():
-            pass
-        spans[g] = next(e for e in sim.drain_events() if isinstance(e, Span))
-    assert spans[0.01].start_s == pytest.approx(0.01) and spans[0.0].start_s == 0.0
-    assert spans[0.01].duration_s == pytest.approx(spans[0.0].duration_s)

@@ -20,7 +20,7 @@ from jigsawrl.costmodel.protocol import CostModelProtocol
 from jigsawrl.events import Event, Span
 from jigsawrl.sim.contention import BandwidthContention, work_demand
 from jigsawrl.sim.gates import GATED_STAGES, DeviceGates
-from jigsawrl.sim.kernel import PRIO_ARRIVAL, PRIO_FINISH, Entry, EventQueue
+from jigsawrl.sim.kernel import PRIO_FINISH, Entry, EventQueue
 from jigsawrl.sim.listener import SimListener
 from jigsawrl.sim.residency import WorkerResidency, moves_modelled
 from jigsawrl.stages import Stage
@@ -137,24 +137,14 @@ class WorkRuntime:
                  if self.residency is not None else None)
         if moved is not None:  # a worker pool's train-state moves (sim/residency.py)
             full_s = moved if stage in (Stage.ONLOAD, Stage.OFFLOAD) else full_s + moved
-        gated = self._gated(stage) and bool(devices)
-        if not gated:  # a worker pool's wait for the call (CostParams.stage_gap_s) ...
-            full_s += self.stage_gap_s
+        full_s += self.stage_gap_s  # a worker pool's wait for the call (CostParams.stage_gap_s)
         w = Work(tid, pipe, step, stage, devices, share, full_s, self.q.now_s, flops,
                  tokens, total_full_s=full_s, span_start_s=self.q.now_s)
         self.works[tid] = w
-        if gated and self.stage_gap_s > 0:  # ... comes before the call reaches its worker
-            self.q.schedule(self.q.now_s + self.stage_gap_s, (self._ask_gates, w), PRIO_ARRIVAL)
-        elif gated:
-            self._ask_gates(w)
+        if self._gated(stage) and devices:
+            self.gates.request(tid, devices, lambda: self._granted(w))
         else:
             self._schedule(w)
-
-    def _ask_gates(self, w: Work) -> None:
-        """Queue a gated work for its devices (it runs when it holds them all)."""
-        if w.tid in self.works and w.entry is None:
-            assert self.gates is not None
-            self.gates.request(w.tid, w.devices, lambda: self._granted(w))
 
     def _granted(self, w: Work) -> None:
         """A gated work holds its devices: it runs from now (its span starts here)."""
