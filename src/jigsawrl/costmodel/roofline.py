@@ -144,8 +144,9 @@ class CostParams:
     # beyond ``call_overhead_s``: the result's return to the driver with its payload, the
     # driver's bookkeeping and decision, the next call's dispatch and argument unpacking on its
     # worker (6-17 ms per stage on this 2-core CPU under load, against a 1-3 ms empty call).
-    # `jigsawrl profile` measures it through the Ray executor on a probe run; charged before
-    # every stage of a step (a rollout's in its ranks' first slice). 0 = not modelled (GPU).
+    # `jigsawrl profile` measures it through the Ray executor on a probe run; charged inside
+    # every call (a stage; a rollout rank's every slice and resume: sim/rollout_calls.py).
+    # 0 = not modelled (GPU).
     stage_gap_s: float = 0.0
     # Fixed cost of one host transfer call: pinned-buffer setup, synchronisation (assumption).
     host_transfer_latency_s: float = 1e-3

@@ -23,7 +23,7 @@ from jigsawrl.costmodel.fit import (
     median_time_s,
 )
 from jigsawrl.experiments.machine import machine_info
-from jigsawrl.experiments.stage_gap import measure_stage_gap
+from jigsawrl.experiments.stage_gap import measure_stage_gap, probe_spec
 from jigsawrl.stages import Stage
 
 log = logging.getLogger(__name__)
@@ -184,17 +184,6 @@ def _threads_kept() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def _probe_spec(settings: ProfileSettings, batch_size: int, **fields: Any) -> Any:
-    """A small arithmetic pipeline on the profiled model, no warm start, at the full share's
-    thread count: what the runtime measurements run a worker's own code on."""
-    from jigsawrl.config import PipelineSpec, TrainSpec
-
-    return PipelineSpec(name="profile", model=settings.model, task="arithmetic",
-                        batch_size=batch_size, group_size=2, steps=1, use_ref=False,
-                        train=TrainSpec(warmup_steps=0, eval_size=0,
-                                        threads=max(settings.threads)), **fields)
-
-
 def measure_state_moves(settings: ProfileSettings) -> dict[str, float]:
     """Median seconds of a train state's offload and onload as a device worker runs them
     (``RealPipeline.export_train_state`` / ``import_train_state``: copying the actor and its
@@ -205,7 +194,7 @@ def measure_state_moves(settings: ProfileSettings) -> dict[str, float]:
     from jigsawrl.engine.pipeline import RealPipeline
 
     with _threads_kept():
-        pipe = RealPipeline(_probe_spec(settings, 1), settings.seed)
+        pipe = RealPipeline(probe_spec(settings.model, max(settings.threads), 1), settings.seed)
         pipe.start(train=True)
         pipe.import_train_state(pipe.export_train_state())  # first uses, untimed
         offloads, onloads = [], []
@@ -235,7 +224,7 @@ def measure_rank_setup(settings: ProfileSettings) -> float | None:
     except ImportError as exc:
         log.warning("rollout set-up not profiled (%s)", exc)
         return None
-    spec = _probe_spec(settings, 4, max_response_tokens=8)
+    spec = probe_spec(settings.model, max(settings.threads), 4, max_response_tokens=8)
     with _threads_kept():
         local = LocalPipelines(0, {spec.name: spec.model_dump_json()}, settings.seed)
         host = RolloutHost(local)

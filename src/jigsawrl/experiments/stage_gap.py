@@ -24,7 +24,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from jigsawrl.config import ExperimentConfig, validate_config
+from jigsawrl.config import ExperimentConfig, PipelineSpec, TrainSpec, validate_config
 from jigsawrl.events import Event, Span
 from jigsawrl.stages import ROLLOUT_BANDS, Stage
 
@@ -33,12 +33,19 @@ log = logging.getLogger(__name__)
 PROBE_STEPS = 3
 
 
+def probe_spec(model: str, threads: int, batch_size: int, *, name: str = "profile",
+               steps: int = 1, **fields: Any) -> PipelineSpec:
+    """A small arithmetic pipeline of ``model``, no warm start, training at ``threads``: what
+    the profile's runtime measurements run a worker's own code on."""
+    return PipelineSpec(name=name, model=model, task="arithmetic", batch_size=batch_size,
+                        group_size=2, steps=steps, use_ref=False,
+                        train=TrainSpec(warmup_steps=0, eval_size=0, threads=threads), **fields)
+
+
 def probe_config(model: str, seed: int = 0, steps: int = PROBE_STEPS) -> ExperimentConfig:
     """Two small arithmetic pipelines of ``model`` on a 2-device CPU pool under verl-split."""
-    pipes = [{"name": f"probe-{i}", "model": model, "task": "arithmetic", "batch_size": 4,
-              "group_size": 2, "max_response_tokens": 16, "steps": steps, "use_ref": False,
-              "train": {"warmup_steps": 0, "eval_size": 0, "threads": 1}}
-             for i in range(2)]
+    pipes = [probe_spec(model, 1, 4, name=f"probe-{i}", steps=steps, max_response_tokens=16)
+             .model_dump(exclude_unset=True) for i in range(2)]
     return validate_config({"name": "stage-gap-probe", "seed": seed,
                             "cluster": {"accelerator": "cpu-worker", "num_nodes": 1,
                                         "accelerators_per_node": 2},

@@ -22,6 +22,7 @@ from jigsawrl.sim.contention import BandwidthContention
 from jigsawrl.sim.gates import DeviceGates
 from jigsawrl.sim.kernel import EventQueue
 from jigsawrl.sim.listener import SimListener
+from jigsawrl.sim.residency import worker_param
 from jigsawrl.sim.rollout_task import RolloutRuntime
 from jigsawrl.sim.stream import StreamRuntime
 from jigsawrl.sim.works import WorkRuntime
@@ -42,7 +43,7 @@ class SimCluster:
         self.q = EventQueue()
         self.events: list[Event] = []
         self.contention = BandwidthContention(num_devices, cost)
-        slice_s = float(getattr(cost.params, "serial_slice_s", 0.0) or 0.0)
+        slice_s = worker_param(cost, "serial_slice_s")
         self.gates = DeviceGates(self.q, num_devices, slice_s) if slice_s > 0 else None
         self.streams = StreamRuntime(self.q, cost, self.events, self._works_on)
         self.rollouts = RolloutRuntime(self.q, cost, self.contention, self.events, listener,

@@ -24,10 +24,15 @@ from jigsawrl.stages import MODEL_PASSES, Stage
 from jigsawrl.workload.models import ModelSpec
 
 
+def worker_param(cost: CostModelProtocol, name: str) -> float:
+    """A worker-pool cost parameter of ``cost`` (``serial_slice_s``, ``stage_gap_s``, ...):
+    0 where the cost model has none or leaves it unset (the GPU presets)."""
+    return float(getattr(getattr(cost, "params", None), name, 0.0) or 0.0)
+
+
 def moves_modelled(cost: CostModelProtocol) -> bool:
     """Whether ``cost`` prices a worker's train-state moves (a profiled worker pool)."""
-    p = cost.params
-    return getattr(p, "state_onload_s", 0.0) > 0.0 or getattr(p, "state_offload_s", 0.0) > 0.0
+    return worker_param(cost, "state_onload_s") > 0.0 or worker_param(cost, "state_offload_s") > 0.0
 
 
 class WorkerResidency:

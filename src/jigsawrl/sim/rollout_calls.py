@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from jigsawrl.costmodel.protocol import CostModelProtocol
 from jigsawrl.sim.gates import DeviceGates
 from jigsawrl.sim.kernel import PRIO_FINISH, EventQueue
+from jigsawrl.sim.residency import worker_param
 from jigsawrl.sim.rollout import Segment
 from jigsawrl.sim.rollout_state import RankRun, RolloutTask
 from jigsawrl.stages import Stage
@@ -34,8 +35,8 @@ class WorkerCallsMixin:
 
     def _init_calls(self, cost: CostModelProtocol) -> None:
         """The wait for each call on a worker, and a rank's set-up after its first one."""
-        self.gap_s = float(getattr(cost.params, "stage_gap_s", 0.0) or 0.0)
-        self.setup_s = float(getattr(cost.params, "rollout_setup_s", 0.0) or 0.0) + self.gap_s
+        self.gap_s = worker_param(cost, "stage_gap_s")
+        self.setup_s = worker_param(cost, "rollout_setup_s") + self.gap_s
 
     def _with_call_waits(self, rank: RankRun, seg: Segment, rate: float) -> Segment:
         """``seg``, later by the set-up of its rank's first slice and the waits of the calls

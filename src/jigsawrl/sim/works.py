@@ -22,7 +22,7 @@ from jigsawrl.sim.contention import BandwidthContention, work_demand
 from jigsawrl.sim.gates import GATED_STAGES, DeviceGates
 from jigsawrl.sim.kernel import PRIO_FINISH, Entry, EventQueue
 from jigsawrl.sim.listener import SimListener
-from jigsawrl.sim.residency import WorkerResidency, moves_modelled
+from jigsawrl.sim.residency import WorkerResidency, moves_modelled, worker_param
 from jigsawrl.stages import Stage
 from jigsawrl.workload.experiment import ResolvedPipeline
 
@@ -119,7 +119,7 @@ class WorkRuntime:
         self.streamed = streamed
         self.works: dict[str, Work] = {}
         self.residency = WorkerResidency(cost) if moves_modelled(cost) else None
-        self.stage_gap_s = float(getattr(getattr(cost, "params", None), "stage_gap_s", 0.0) or 0.0)
+        self.stage_gap_s = worker_param(cost, "stage_gap_s")
 
     def start(self, tid: str, pipe: ResolvedPipeline, step: int, stage: str,
               devices: tuple[int, ...], share: float) -> None:

@@ -183,16 +183,8 @@ class WidthPlanner:
             t = rolling[0]
             rolling_s = max(0.0, timer.gen_s(view, pv, len(t.devices)) - (view.now_s - t.start_s))
         left = pv.spec.steps - step
-        times: dict[int, float] = {}  # a forecast asks for the same width at every start
-
-        def gen_at(w: int) -> float:
-            got = times.get(w)
-            if got is None:
-                got = times[w] = timer.gen_s(view, pv, w)
-            return got
-
-        return PlanPipe(pv.name, max(1, math.ceil(left * scale)), gen, width, wider, gen_at,
-                        reward,
+        return PlanPipe(pv.name, max(1, math.ceil(left * scale)), gen, width, wider,
+                        lambda w: timer.gen_s(view, pv, w), reward,
                         timer.train_s(view, pv), move, sync,
                         pv.spec.max_staleness if pv.spec.mode == "async" else 0,
                         rolling_s, not rolling and Stage.ROLLOUT in done)

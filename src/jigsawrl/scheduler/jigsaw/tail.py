@@ -51,23 +51,30 @@ class TailMigration:
 
     def wakes(self, t: RunningTask, counts: Sequence[int]) -> bool:
         """Could :meth:`migrate` act on rollout ``t`` with ``counts`` unfinished per rank? The
-        conditions of :meth:`_find_tail_actions`, with whether a compute stage waits as the last
-        decision found it (only a finished or started task changes that, and each wakes the policy
-        anyway). A rank drained, or the tail small enough to consolidate for a waiting stage:
-        anything else leaves the decision as it was, so the report need not wake it."""
+        conditions of :meth:`_find_tail_actions` (:meth:`_tail_state`), with whether a compute
+        stage waits as the last decision found it (only a finished or started task changes
+        that, and each wakes the policy anyway): anything else leaves the decision as it was,
+        so the report need not wake it."""
         live = [r for r, s in enumerate(t.rank_shares) if s > 0]
-        if len(live) < 2 or len(counts) < len(t.rank_devices):
-            return False
-        busy = [counts[r] for r in live if counts[r] > 0]
-        if not busy:
-            return False
-        if len(busy) < len(live):
-            return True
         per_rank = self._capacity.get((t.pipeline, self.residency.kv_mem))
-        if per_rank is None:
-            return True
-        return (self._waiting and sum(busy) <= self.params.tail_requests
-                and math.ceil(sum(busy) / per_rank) < len(busy))
+        state = self._tail_state(t, live, counts, self._waiting, per_rank or 1)
+        # a capacity not worked out yet: let the decision see
+        return state is not None and (per_rank is None or state[0] or bool(state[2]))
+
+    def _tail_state(self, t: RunningTask, live: Sequence[int], counts: Sequence[int],
+                    waiting: bool, per_rank: int) -> tuple[bool, int, tuple[int, ...]] | None:
+        """(whether consolidating the tail onto ``keep`` ranks is worth weighing, ``keep``, the
+        live ranks that drained) of a rollout's counts; None when nothing can move (fewer than
+        two live ranks, no report yet, or every live rank drained)."""
+        if len(live) < 2 or len(counts) < len(t.rank_devices):
+            return None  # no progress report yet
+        total = sum(counts[r] for r in live)
+        n_busy = sum(1 for r in live if counts[r] > 0)
+        if not n_busy:
+            return None
+        keep = max(1, math.ceil(total / per_rank))
+        consolidate = waiting and total <= self.params.tail_requests and keep < n_busy
+        return consolidate, keep, tuple(r for r in live if counts[r] == 0)
 
     def migrate(self, view: View, b: Board) -> list[Action]:
         """Releases and consolidations of every running rollout's ranks."""
@@ -131,20 +138,16 @@ class TailMigration:
                            waiting: bool, per_rank: int, weighed: list[bool]) -> list[Migrate]:
         live = b.rank_idx[t.task_id]
         counts = t.unfinished_per_rank
-        if len(live) < 2 or len(counts) < len(t.rank_devices):
-            return []  # no progress report yet
-        total = sum(counts[r] for r in live)
-        n_busy = sum(1 for r in live if counts[r] > 0)
-        if not n_busy:
+        state = self._tail_state(t, live, counts, waiting, per_rank)
+        if state is None:
             return []
-        keep = max(1, math.ceil(total / per_rank))
-        if waiting and total <= self.params.tail_requests and keep < n_busy:
+        consolidate, keep, drained = state
+        if consolidate:
             weighed.append(True)
             left = {r: counts[r] for r in live}
             busy = sorted((r for r in live if left[r] > 0), key=lambda r: -left[r])
             if self._worth_moving(view, pv, t, busy, keep):
                 return pack(busy, left, keep, per_rank, t.task_id, live)
-        drained = tuple(r for r in live if counts[r] == 0)
         if drained:  # release idle ranks (no cost: nothing moves) onto the fullest rank
             return [Migrate(t.task_id, drained, max(live, key=lambda r: counts[r]))]
         return []
