@@ -99,3 +99,24 @@ def test_lines_that_cross_beyond_float_range_never_cross() -> None:
     c1 = 1.1125369292536007e-308 / 50
     assert regimes(0.0, c1, 1.0, 0.0)[0] == float("inf")
     assert span_sum(1.0, 0.0, c1, 1.0, 0.0, 3.0) == pytest.approx(6.0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(spans)
+def test_cached_decode_lines_equal_a_fresh_models(s: dict) -> None:
+    """The per-(model, TP, share) constants are cached: a model that has timed other spans
+    gives exactly what a fresh one gives."""
+    model, accel = MODELS[s["model"]], ACCELERATORS[s["accel"]]
+    b, tp, share = s["batch"], s["tp"], s["share"]
+    warm = CM[s["accel"]]
+    for other in (0.2, 0.5, 1.0):
+        warm.decode_span_time_s(model, tp, b, 100, 3, other)
+    args = (model, tp, b, b * s["ctx_per_seq"], s["iters"], share)
+    assert warm.decode_span_time_s(*args) == CostModel(accel).decode_span_time_s(*args)
+
+
+def test_a_bad_share_raises_however_often_it_is_asked() -> None:
+    cm, model = CostModel(ACCELERATORS["h100-80gb"]), MODELS["qwen3-0.6b"]
+    for _ in range(2):
+        with pytest.raises(ValueError, match="compute share"):
+            cm.decode_span_time_s(model, 1, 4, 100, 3, 1.5)

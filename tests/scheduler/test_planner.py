@@ -11,7 +11,7 @@ from jigsawrl.config import validate_config
 from jigsawrl.driver.state import DriverState
 from jigsawrl.experiments.resolve import resolve
 from jigsawrl.experiments.simulated import make_cost, run_once
-from jigsawrl.graph.predict import StepObservation
+from jigsawrl.graph.predict import HistoryPredictor, StepObservation
 from jigsawrl.scheduler import StartRollout, StartStage, get_policy
 from jigsawrl.scheduler.base import View
 from jigsawrl.scheduler.jigsaw import JigsawPolicy
@@ -20,6 +20,7 @@ from jigsawrl.scheduler.jigsaw.plan_forecast import PlanPipe, Rates, forecast_pl
 from jigsawrl.scheduler.jigsaw.planner import WidthPlanner, fair_width
 from jigsawrl.scheduler.jigsaw.widths import WidthTimer, as_turns, width_ladder
 from jigsawrl.stages import Stage
+from jigsawrl.workload.requests import RequestTruth
 
 
 def cfg(tasks: tuple[str, ...], devices: int = 8, steps: int = 3, batch: int = 32,
@@ -100,6 +101,22 @@ def test_more_width_shortens_a_rollout_and_multi_turn_keeps_its_turns() -> None:
     times = [timer.gen_s(view, math_pv, w) for w in (1, 2, 4, 8)]
     assert times == sorted(times, reverse=True) and times[0] > 2 * times[-1]
     assert len(as_turns(aime, 3000)) > 1 and len(as_turns(math_pv, 3000)) == 1
+
+
+def test_predicted_requests_are_the_history_predictors_longest_first() -> None:
+    """The timer builds its requests from the predictor's lengths (turns cached per total):
+    the same requests as the predictor's, split into turns and sorted longest first."""
+    view = first_view(cfg(("math", "aime-tool")))
+    n = 32 * 4
+    hist = (StepObservation(0, (140,) * n, tuple(range(200, 200 + 29 * n, 29)), {}),)
+    for pv in view.pipelines:
+        pv = replace(pv, history=hist)
+        got = WidthTimer(3, 20e9).requests(pv)
+        flat = HistoryPredictor(3).predict(pv.name, 1, n, hist, 128, 4096 // 4, 4096, 1)
+        want = sorted((RequestTruth(r.sample_id, r.prompt_tokens,
+                                    as_turns(pv, r.generated_tokens)) for r in flat),
+                      key=lambda r: -r.generated_tokens)
+        assert got == want and len({r.generated_tokens for r in got}) > n // 2
 
 
 def test_the_critical_pipeline_gets_the_width() -> None:

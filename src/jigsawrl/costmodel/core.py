@@ -14,6 +14,7 @@ belief is the truth's median); a caller can pass the factor instead (``noise=``)
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -70,6 +71,8 @@ class CostCore:
         # Per layer per decode iteration without CUDA graphs (0 with graphs).
         self._eager_per_layer = (p.eager_iter_overhead_s_per_layer
                                  if self.deployment.enforce_eager else 0.0)
+        # (id(model), tp, share) -> the decode lines' constants (RolloutCosts._line_consts)
+        self._line_cache: dict[tuple[int, int, float], tuple[Any, ...]] = {}
 
     # ---------------------------------------------------------------- noise
 

@@ -21,6 +21,7 @@ the span as ``cm.decode_span_time_s(..., noise=f)``, and on interruption after `
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from jigsawrl.costmodel.core import CostCore, check_share
 from jigsawrl.costmodel.roofline import decode_flops, kv_bytes_per_token_per_device, prefill_flops
@@ -77,21 +78,30 @@ def series_count(first: float, step: float, budget: float) -> float:
 class RolloutCosts(CostCore):
     """Prefill and decode of one engine instance (TP group) on a compute share of its devices."""
 
+    def _line_consts(self, model: ModelSpec, tp: int, share: float) -> tuple[Any, ...]:
+        """What of the decode lines depends on the model, TP and share only: a replay of a
+        rollout asks for the lines on every segment, so they are worked out once per key."""
+        check_share(share)
+        return (model, self._decode_rate * share * tp, self._bw(share),
+                model.attn_flops_per_token_per_ctx(),
+                kv_bytes_per_token_per_device(model, tp) * self._kv_scale,
+                model.weight_bytes() / tp, self._eager_per_layer * model.num_layers)
+
     def _decode_lines(self, model: ModelSpec, tp: int, batch: int, ctx_tokens: float,
                       share: float) -> tuple[float, float, float, float, float]:
         """(k, c0, c1, m0, m1): iteration i of a span takes k + max(c0 + c1 i, m0 + m1 i)."""
-        check_share(share)
-        p = self.params
-        comp = self._decode_rate * share * tp
-        bw = self._bw(share)
-        attn = model.attn_flops_per_token_per_ctx()
-        kv = kv_bytes_per_token_per_device(model, tp) * self._kv_scale
+        key = (id(model), tp, share)
+        got = self._line_cache.get(key)
+        if got is None or got[0] is not model:
+            got = self._line_cache[key] = self._line_consts(model, tp, share)
+        _, comp, bw, attn, kv, weights, fixed = got
         c0 = (2.0 * model.num_params * batch + attn * ctx_tokens) / comp
         c1 = attn * batch / comp
-        m0 = (model.weight_bytes() / tp + kv * ctx_tokens) / bw
+        m0 = (weights + kv * ctx_tokens) / bw
         m1 = kv * batch / bw
+        p = self.params
         k = (p.iter_overhead_s + p.iter_overhead_per_seq_s * batch + self._tp_comm(model, batch, tp)
-             + self._eager_per_layer * model.num_layers)
+             + fixed)
         return k, c0, c1, m0, m1
 
     def prefill_time_s(self, model: ModelSpec, tp: int, new_tokens: int, ctx_tokens: int = 0,

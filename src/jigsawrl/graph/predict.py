@@ -39,6 +39,16 @@ class HistoryPredictor:
                 cap: int, n_ranks: int = 1) -> list[RequestTruth]:
         """Predicted requests, ordered so that contiguous chunks for ``n_ranks`` ranks each get
         a representative mix (rank r gets the r-th, r+n-th, ... longest)."""
+        prompt, lengths = self.predict_lengths(n_samples, history, prior_prompt, prior_response,
+                                               cap, n_ranks)
+        return [RequestTruth(f"{pipeline}/{step}/pred/{i}", prompt, (TurnTruth(n),))
+                for i, n in enumerate(lengths)]
+
+    def predict_lengths(self, n_samples: int, history: Sequence[StepObservation],
+                        prior_prompt: int, prior_response: int, cap: int,
+                        n_ranks: int = 1) -> tuple[int, list[int]]:
+        """The predicted prompt length and response lengths of :meth:`predict`, in its order
+        (for a caller that builds its own requests from them)."""
         recent = list(history)[-self.window:]
         if recent:
             resp = np.concatenate([np.asarray(o.response_tokens, float) for o in recent])
@@ -52,5 +62,4 @@ class HistoryPredictor:
         lengths = np.clip(np.round(lengths), 1, cap).astype(int)
         ranked = np.sort(lengths)[::-1]
         interleaved = np.concatenate([ranked[r::n_ranks] for r in range(max(1, n_ranks))])
-        return [RequestTruth(f"{pipeline}/{step}/pred/{i}", prompt, (TurnTruth(int(n)),))
-                for i, n in enumerate(interleaved)]
+        return prompt, interleaved.tolist()

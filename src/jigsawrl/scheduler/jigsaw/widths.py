@@ -62,6 +62,7 @@ class WidthTimer:
         self._predictor = HistoryPredictor(window)
         self.kv_mem_bytes = kv_mem_bytes
         self._reqs: dict[str, tuple[int, list[RequestTruth]]] = {}  # pipeline -> (source, reqs)
+        self._turns: dict[tuple[str, int], tuple[TurnTruth, ...]] = {}  # (task, total) -> turns
         self._gen: dict[tuple[str, int, int], float] = {}
         # (model, tp, KV budget, requests) -> (cost model, generation seconds)
         self._replays: dict[tuple[object, ...], tuple[object, float]] = {}
@@ -81,15 +82,20 @@ class WidthTimer:
             return cached[1]
         spec = pv.spec
         if not pv.history:
-            reqs = prior_requests(pv)
+            reqs = sorted(prior_requests(pv), key=lambda r: -r.generated_tokens)
         else:
             n = spec.batch_size * spec.group_size
-            flat = self._predictor.predict(pv.name, src, n, pv.history, 128,
-                                           spec.max_response_tokens // 4,
-                                           spec.max_response_tokens, 1)
-            reqs = [RequestTruth(r.sample_id, r.prompt_tokens, as_turns(pv, r.generated_tokens))
-                    for r in flat]
-        reqs = sorted(reqs, key=lambda r: -r.generated_tokens)
+            prompt, lengths = self._predictor.predict_lengths(
+                n, pv.history, 128, spec.max_response_tokens // 4, spec.max_response_tokens, 1)
+            # The lengths come longest first and as_turns keeps their order (its generated
+            # tokens grow with the total), so these requests are already longest first.
+            turns = self._turns
+            reqs = []
+            for i, total in enumerate(lengths):
+                got = turns.get((spec.task, total))
+                if got is None:
+                    got = turns[(spec.task, total)] = as_turns(pv, total)
+                reqs.append(RequestTruth(f"{pv.name}/{src}/pred/{i}", prompt, got))
         self._reqs[pv.name] = (src, reqs)
         self._gen = {k: v for k, v in self._gen.items() if k[0] != pv.name or k[1] == src}
         return reqs
