@@ -51,7 +51,8 @@ class FakeCost:
     def reward_time_s(self, n):  # noqa: ANN001
         return 0.5
 
-    def pass_tokens(self, seq_lens, n, micro_batch_rows):  # noqa: ANN001
+    def pass_tokens(self, seq_lens, n, micro_batch_rows, prompt_lens=None,  # noqa: ANN001
+                    group_size=1):  # noqa: ANN001
         return sum(seq_lens)  # padding removed
 
     def dispatch_time_s(self, model, stage, n, rounds=1):  # noqa: ANN001

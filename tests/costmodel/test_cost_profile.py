@@ -82,6 +82,39 @@ def test_pass_tokens_counts_padding_of_the_widest_shard() -> None:
     assert padded.pass_tokens([], 2, 64) == 0
 
 
+def test_pass_tokens_of_the_shared_prompt_forward() -> None:
+    """Counted as the shared-prompt forward computes: each group's prompt once (padded to the
+    micro-batch's longest prompt), the responses in the engine's length buckets."""
+    accel, params = cost_inputs(DOC)
+    shared = CostModel(accel, params=dataclasses.replace(params, train_pads_rows=True,
+                                                         train_shares_prompt=True))
+    prompts = [10] * 4 + [6] * 4  # two groups of four
+    resp = [3, 3, 3, 3, 40, 40, 40, 40]
+    lens = [p + r for p, r in zip(prompts, resp, strict=True)]
+    # one micro-batch: 2 prompts padded to 10, buckets {3 x4} and {40 x4}
+    assert shared.pass_tokens(lens, 1, 64, prompts, 4) == 2 * 10 + 4 * 3 + 4 * 40
+    # a micro-batch per group: each its own prompt and one bucket
+    assert shared.pass_tokens(lens, 1, 4, prompts, 4) == (10 + 4 * 3) + (6 + 4 * 40)
+    # two devices: the widest shard (the second group), times two
+    assert shared.pass_tokens(lens, 2, 64, prompts, 4) == 2 * (6 + 4 * 40)
+    padded = CostModel(accel, params=dataclasses.replace(params, train_pads_rows=True))
+    assert padded.pass_tokens(lens, 1, 64, prompts, 4) == 8 * 46  # the flag off: every row
+    assert shared.pass_tokens(lens, 1, 64) == 8 * 46  # no prompt lengths: every row
+    # rows of their own prompt and one length: the same count either way (the profile's shape)
+    square = [128] * 16
+    assert shared.pass_tokens(square, 1, 16, [64] * 16, 1) == padded.pass_tokens(square, 1, 16)
+    unpadded = CostModel(accel, params=dataclasses.replace(params, train_shares_prompt=True))
+    assert unpadded.pass_tokens(lens, 2, 64, prompts, 4) == 10 + 6 + sum(resp)
+    with pytest.raises(ValueError, match="prompt lengths"):
+        shared.pass_tokens(lens, 1, 64, prompts[:3], 4)
+
+
+def test_train_shares_prompt_flag_is_read_and_defaults_off(tmp_path: Path) -> None:
+    assert load_profile(_write(tmp_path, DOC))[1].train_shares_prompt is False
+    doc = _broken(("fitted", "params", "train_shares_prompt"), True)
+    assert load_profile(_write(tmp_path, doc))[1].train_shares_prompt is True
+
+
 def test_unprofiled_params_are_the_rest() -> None:
     assert "s_sat" in UNPROFILED_PARAMS and "comm_overlap" in UNPROFILED_PARAMS
     assert not set(UNPROFILED_PARAMS) & set(PARAM_KEYS)

@@ -124,3 +124,25 @@ def test_a_several_epoch_update_on_several_devices_is_one_round_per_epoch() -> N
     assert dp_rounds(pipe, Stage.ACTOR_UPDATE, 2) == 4  # type: ignore[arg-type]
     assert dp_rounds(pipe, Stage.ACTOR_UPDATE, 1) == 1  # type: ignore[arg-type]
     assert dp_rounds(pipe, Stage.OLD_LOGPROB, 2) == 1  # type: ignore[arg-type]
+
+
+def test_a_pass_is_costed_on_its_rows_prompt_lengths(fake_cost) -> None:  # noqa: ANN001
+    """The work runtime hands the cost model the finished rollout's prompt lengths beside its
+    sequence lengths (what a shared-prompt trainer's count needs)."""
+    exp = experiment()
+    pipe = exp.pipelines[0]
+    seen: list[tuple] = []
+    plain = fake_cost.pass_tokens
+
+    def recording(lens, n, rows, prompt_lens=None, group_size=1):  # noqa: ANN001, ANN202
+        seen.append((tuple(lens), tuple(prompt_lens or ()), group_size))
+        return plain(lens, n, rows)
+
+    fake_cost.pass_tokens = recording
+    sim = SimCluster(exp.num_devices, fake_cost, Recorder())
+    sim.start_rollout("p0/0/rollout", pipe, 0, (0, 1), 1, 1.0, 10_000,
+                      dispatch_requests(reqs(3, 6), 2, "contiguous"))
+    while sim.step():
+        pass
+    sim.start_work("p0/0/old_log_prob", pipe, 0, Stage.OLD_LOGPROB, (0, 1), 1.0)
+    assert seen == [((13, 16), (10, 10), pipe.spec.group_size)]

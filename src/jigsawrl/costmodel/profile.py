@@ -52,7 +52,7 @@ OPTIONAL_PARAM_KEYS: tuple[str, ...] = (
     "worker_link_latency_s", "state_onload_s", "state_offload_s", "rollout_setup_s",
     "stage_gap_s")
 # Facts about the profiled engine (true/false), also absent from older files (default False).
-OPTIONAL_FLAG_KEYS: tuple[str, ...] = ("train_pads_rows",)
+OPTIONAL_FLAG_KEYS: tuple[str, ...] = ("train_pads_rows", "train_shares_prompt")
 UNPROFILED_PARAMS: tuple[str, ...] = tuple(
     f.name for f in dataclasses.fields(CostParams)
     if f.name not in PARAM_KEYS + OPTIONAL_PARAM_KEYS + OPTIONAL_FLAG_KEYS)

@@ -76,8 +76,10 @@ class CostModelProtocol(Protocol):
                      iters: int = 1) -> float: ...
 
     # ---------------------------------------------------------------- training side
-    def pass_tokens(self, seq_lens: Sequence[int], n_devices: int, micro_batch_rows: int) -> int:
-        """Tokens a log-prob / update pass over ``seq_lens`` computes (padding included)."""
+    def pass_tokens(self, seq_lens: Sequence[int], n_devices: int, micro_batch_rows: int,
+                    prompt_lens: Sequence[int] | None = None, group_size: int = 1) -> int:
+        """Tokens a log-prob / update pass over ``seq_lens`` computes (padding included; each
+        group's prompt once where the trainer shares prompts and ``prompt_lens`` are given)."""
         ...
 
     def logprob_time_s(self, model: ModelSpec, n_devices: int, tokens: int,

@@ -113,6 +113,14 @@ class CostParams:
     # padding (jigsawrl's CPU trainer: `jigsawrl profile` sets it). False: padding is removed
     # (verl's use_remove_padding; the GPU presets), so passes cost their real tokens.
     train_pads_rows: bool = False
+    # Count a pass as jigsawrl's shared-prompt forward computes it (on by default in its
+    # trainer): each GRPO group's prompt once, the responses in buckets of similar length.
+    # False: every row in full (verl, TRL; the GPU presets), and the CPU profile's default too:
+    # counted shared, standalone passes at the demo's shapes are predicted within -10..-24%
+    # (padded: +86..+104%), but passes inside real runs take 1.1-1.9x their standalone time
+    # for a cause not yet modelled, and the padded count happens to offset it (BENCHMARKS.md,
+    # "What a pass computes"). Set it in a profile's params to try the shared count.
+    train_shares_prompt: bool = False
     # What running a stage on a pool of worker processes adds beside its compute (the Ray
     # executor on CPU; `jigsawrl profile` measures these through Ray): a driver -> worker ->
     # driver call per stage, and moving the model's fp32 weights (or gradients) between workers

@@ -25,6 +25,7 @@ from jigsawrl.costmodel.roofline import (
     train_flops,
 )
 from jigsawrl.stages import Stage
+from jigsawrl.workload.buckets import length_buckets
 from jigsawrl.workload.models import ModelSpec
 
 # Adam step per parameter: read fp32 master, m, v, fp32 grad (16 B); write master, m, v (12 B)
@@ -47,7 +48,8 @@ class TrainCosts(CostCore):
         per = n_devices * self.params.train_micro_batch_tokens
         return max(1, math.ceil(tokens / per))
 
-    def pass_tokens(self, seq_lens: Sequence[int], n_devices: int, micro_batch_rows: int) -> int:
+    def pass_tokens(self, seq_lens: Sequence[int], n_devices: int, micro_batch_rows: int,
+                    prompt_lens: Sequence[int] | None = None, group_size: int = 1) -> int:
         """The tokens a log-prob or update pass over sequences of ``seq_lens`` computes.
 
         The real tokens, unless ``train_pads_rows``: then the rows are split into ``n_devices``
@@ -55,18 +57,38 @@ class TrainCosts(CostCore):
         of ``micro_batch_rows`` padded to their longest row, and the pass costs ``n_devices``
         times the largest shard's padded tokens (the shards run in parallel; the slowest ends
         the stage), so that ``logprob_time_s(model, n_devices, tokens)`` is that shard's time.
+
+        With ``train_shares_prompt`` and the rows' ``prompt_lens`` (rows in GRPO groups of
+        ``group_size`` consecutive rows), a micro-batch computes its distinct prompts (padded
+        to its longest prompt) and its responses in the engine's length buckets
+        (:func:`~jigsawrl.workload.buckets.length_buckets`), as the shared-prompt forward does.
         """
-        if not self.params.train_pads_rows or not seq_lens:
-            return int(sum(seq_lens))
+        if not seq_lens:
+            return 0
+        shared = self.params.train_shares_prompt and prompt_lens is not None
         rows = len(seq_lens)
+        if shared and len(prompt_lens or ()) != rows:
+            raise ValueError(f"{len(prompt_lens or ())} prompt lengths for {rows} rows")
+        if not self.params.train_pads_rows:
+            if not shared:
+                return int(sum(seq_lens))
+            assert prompt_lens is not None
+            g = max(1, group_size)  # every group's prompt once, every response
+            return int(sum(prompt_lens[::g]) + sum(seq_lens) - sum(prompt_lens))
         shards = max(1, min(n_devices, rows))
         base, extra = divmod(rows, shards)
+        step = max(1, micro_batch_rows)
         start, widest = 0, 0
         for i in range(shards):
             stop = start + base + (1 if i < extra else 0)
-            step = max(1, micro_batch_rows)
-            micro = [seq_lens[lo:min(lo + step, stop)] for lo in range(start, stop, step)]
-            widest = max(widest, sum(len(mb) * max(mb) for mb in micro))
+            cut = [(lo, min(lo + step, stop)) for lo in range(start, stop, step)]
+            if shared:
+                assert prompt_lens is not None
+                part = sum(_shared_prompt_tokens(seq_lens, prompt_lens, lo, hi, group_size)
+                           for lo, hi in cut)
+            else:
+                part = sum((hi - lo) * max(seq_lens[lo:hi]) for lo, hi in cut)
+            widest = max(widest, part)
             start = stop
         return widest * n_devices
 
@@ -223,3 +245,16 @@ class TrainCosts(CostCore):
 
     def train_flops(self, model: ModelSpec, tokens: int) -> float:
         return train_flops(model, tokens)
+
+
+def _shared_prompt_tokens(seq_lens: Sequence[int], prompt_lens: Sequence[int], lo: int, hi: int,
+                          group_size: int) -> int:
+    """Positions the shared-prompt forward computes for rows ``lo:hi``: each group's prompt
+    once (padded to the longest prompt), then the responses in length buckets."""
+    g = max(1, group_size)
+    heads = len({i // g for i in range(lo, hi)})
+    prompts = heads * max(prompt_lens[lo:hi])
+    resp = [max(1, seq_lens[i] - prompt_lens[i]) for i in range(lo, hi)]
+    buckets = sum(len(b) * max(resp[j] for j in b) for b in length_buckets(resp))
+    return prompts + buckets
+

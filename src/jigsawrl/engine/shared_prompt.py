@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+
+from jigsawrl.workload.buckets import length_buckets
 
 
 @dataclass
@@ -69,29 +70,6 @@ def takes_kv_cache(model: nn.Module) -> bool:
     """Whether ``model``'s forward takes a KV cache and positions (every transformers causal LM
     does; a bare ``nn.Module`` may not, and then the plain forward is used)."""
     return _takes_kv_cache(type(model))
-
-
-BUCKET_OVERHEAD_TOKENS = 32  # what one more forward pass costs, in padded positions (guess)
-
-
-def length_buckets(lengths: list[int], overhead: int = BUCKET_OVERHEAD_TOKENS) -> list[list[int]]:
-    """Rows grouped into runs of similar length, minimising padded positions plus ``overhead``
-    per group (an exact dynamic programme over the rows sorted by length)."""
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    lens = [max(lengths[i], 1) for i in order]
-    n = len(lens)
-    best = [0.0] + [math.inf] * n  # best[j]: cost of the first j sorted rows
-    cut = [0] * (n + 1)
-    for j in range(1, n + 1):
-        for i in range(j):  # rows i..j-1 in one group, padded to lens[j-1]
-            cost = best[i] + (j - i) * lens[j - 1] + overhead
-            if cost < best[j]:
-                best[j], cut[j] = cost, i
-    groups, j = [], n
-    while j > 0:
-        groups.append(order[cut[j]:j])
-        j = cut[j]
-    return groups[::-1]
 
 
 def _new_cache(model: nn.Module) -> object:

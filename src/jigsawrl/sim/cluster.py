@@ -50,7 +50,7 @@ class SimCluster:
                                        self.streams, self.gates)
         self.works = WorkRuntime(self.q, cost, self.contention, self.events, listener,
                                  self.rollouts.step_lens, num_devices, self.streams.streamed,
-                                 self.gates)
+                                 self.gates, self.rollouts.step_prompts)
 
     def _works_on(self, devices: tuple[int, ...]) -> bool:
         """Whether a compute work runs on any of ``devices`` (a stream server yields to it)."""

@@ -70,6 +70,7 @@ class RolloutRuntime(GatedRanksMixin, FirstBatchMixin, WorkerCallsMixin):
         self._cut_due: set[str] = set()
         # prompt + response tokens of each finished step's sequences, in batch order
         self.step_lens: dict[tuple[str, int], tuple[int, ...]] = {}
+        self.step_prompts: dict[tuple[str, int], tuple[int, ...]] = {}  # their prompt tokens
 
     # ------------------------------------------------------------------ actions
     def start(self, tid: str, pipe: ResolvedPipeline, step: int, devices: tuple[int, ...],
@@ -313,6 +314,7 @@ class RolloutRuntime(GatedRanksMixin, FirstBatchMixin, WorkerCallsMixin):
         resp = tuple(t.response_tokens for t in samples)
         self.step_lens[(task.pipe.spec.name, task.step)] = tuple(
             p + r for p, r in zip(prompt, resp, strict=True))
+        self.step_prompts[(task.pipe.spec.name, task.step)] = prompt
         self.listener.task_done(task.tid, task.pipe.spec.name, task.step, Stage.ROLLOUT,
                                 self.q.now_s, prompt, resp)
 

@@ -53,9 +53,11 @@ class Work:
 
 
 def stage_cost(cost: CostModelProtocol, pipe: ResolvedPipeline, stage: str, n: int,
-               lens: tuple[int, ...]) -> tuple[float, float, int]:
+               lens: tuple[int, ...],
+               prompts: tuple[int, ...] | None = None) -> tuple[float, float, int]:
     """True full-share seconds, FLOPs and tokens of a post-rollout stage or memory move of
-    ``pipe`` on ``n`` devices, after a rollout whose sequences had ``lens`` tokens.
+    ``pipe`` on ``n`` devices, after a rollout whose sequences had ``lens`` tokens (``prompts``
+    of them prompt tokens, in GRPO groups of ``group_size`` rows; None: not known).
 
     Raises:
         ValueError: on a stage that is neither post-rollout nor a train-state move.
@@ -65,7 +67,9 @@ def stage_cost(cost: CostModelProtocol, pipe: ResolvedPipeline, stage: str, n: i
     if stage == Stage.REWARD:
         return c.reward_time_s(len(lens)), 0.0, 0
     # the tokens the pass computes over (padding included where the trainer pads)
-    computed = c.pass_tokens(lens, n, pipe.spec.train.micro_batch_size)
+    computed = (c.pass_tokens(lens, n, pipe.spec.train.micro_batch_size) if prompts is None else
+                c.pass_tokens(lens, n, pipe.spec.train.micro_batch_size, prompts,
+                              pipe.spec.group_size))
     if stage in (Stage.OLD_LOGPROB, Stage.REF_LOGPROB):
         return c.logprob_time_s(m, n, computed), c.logprob_flops(m, tokens), tokens
     if stage == Stage.ACTOR_UPDATE:
@@ -101,14 +105,18 @@ class WorkRuntime:
         gates: devices that run one call at a time (:mod:`.gates`; None: co-located works
             advance at their shares): a gated stage waits for its devices, then runs at the
             whole device to its end.
+        step_prompts: the prompt tokens of ``step_lens``' sequences, in the same order (for a
+            trainer that forwards each group's prompt once: ``CostParams.train_shares_prompt``).
     """
 
     def __init__(self, q: EventQueue, cost: CostModelProtocol, contention: BandwidthContention,
                  events: list[Event], listener: SimListener,
                  step_lens: Mapping[tuple[str, int], tuple[int, ...]], num_devices: int,
                  streamed: Callable[[str, int, str], Counter[int]] | None = None,
-                 gates: DeviceGates | None = None) -> None:
+                 gates: DeviceGates | None = None,
+                 step_prompts: Mapping[tuple[str, int], tuple[int, ...]] | None = None) -> None:
         self.q = q
+        self.step_prompts = {} if step_prompts is None else step_prompts
         self.gates = gates
         self.cost = cost
         self.contention = contention
@@ -127,9 +135,10 @@ class WorkRuntime:
         n = len(devices) or self.num_devices  # a host stage may name no device
         lens = self.step_lens.get((pipe.spec.name, step), ())
         done = self.streamed(pipe.spec.name, step, stage) if self.streamed else Counter()
-        if done:
-            lens = tuple((Counter(lens) - done).elements())
-        full_s, flops, tokens = stage_cost(self.cost, pipe, stage, n, lens)
+        prompts = self.step_prompts.get((pipe.spec.name, step))
+        if done:  # the rows left are no longer whole groups: priced in full
+            lens, prompts = tuple((Counter(lens) - done).elements()), None
+        full_s, flops, tokens = stage_cost(self.cost, pipe, stage, n, lens, prompts)
         if done and stage == Stage.ACTOR_UPDATE and not lens:  # the optimizer step is left
             full_s = self.cost.train_time_s(pipe.model, n, 1)
         full_s += self.cost.dispatch_time_s(pipe.model, stage, n, dp_rounds(pipe, stage, n))
