@@ -257,4 +257,3 @@ def _shared_prompt_tokens(seq_lens: Sequence[int], prompt_lens: Sequence[int], l
     resp = [max(1, seq_lens[i] - prompt_lens[i]) for i in range(lo, hi)]
     buckets = sum(len(b) * max(resp[j] for j in b) for b in length_buckets(resp))
     return prompts + buckets
-
