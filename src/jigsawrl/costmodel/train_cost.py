@@ -65,16 +65,15 @@ class TrainCosts(CostCore):
         """
         if not seq_lens:
             return 0
-        shared = self.params.train_shares_prompt and prompt_lens is not None
         rows = len(seq_lens)
-        if shared and len(prompt_lens or ()) != rows:
-            raise ValueError(f"{len(prompt_lens or ())} prompt lengths for {rows} rows")
+        prompts = prompt_lens if self.params.train_shares_prompt else None
+        if prompts is not None and len(prompts) != rows:
+            raise ValueError(f"{len(prompts)} prompt lengths for {rows} rows")
         if not self.params.train_pads_rows:
-            if not shared:
+            if prompts is None:
                 return int(sum(seq_lens))
-            assert prompt_lens is not None
-            g = max(1, group_size)  # every group's prompt once, every response
-            return int(sum(prompt_lens[::g]) + sum(seq_lens) - sum(prompt_lens))
+            # every group's prompt once, every response
+            return int(sum(prompts[::max(1, group_size)]) + sum(seq_lens) - sum(prompts))
         shards = max(1, min(n_devices, rows))
         base, extra = divmod(rows, shards)
         step = max(1, micro_batch_rows)
@@ -82,12 +81,9 @@ class TrainCosts(CostCore):
         for i in range(shards):
             stop = start + base + (1 if i < extra else 0)
             cut = [(lo, min(lo + step, stop)) for lo in range(start, stop, step)]
-            if shared:
-                assert prompt_lens is not None
-                part = sum(_shared_prompt_tokens(seq_lens, prompt_lens, lo, hi, group_size)
-                           for lo, hi in cut)
-            else:
-                part = sum((hi - lo) * max(seq_lens[lo:hi]) for lo, hi in cut)
+            part = sum((hi - lo) * max(seq_lens[lo:hi]) if prompts is None else
+                       _shared_prompt_tokens(seq_lens, prompts, lo, hi, group_size)
+                       for lo, hi in cut)
             widest = max(widest, part)
             start = stop
         return widest * n_devices

@@ -67,9 +67,8 @@ def stage_cost(cost: CostModelProtocol, pipe: ResolvedPipeline, stage: str, n: i
     if stage == Stage.REWARD:
         return c.reward_time_s(len(lens)), 0.0, 0
     # the tokens the pass computes over (padding included where the trainer pads)
-    computed = (c.pass_tokens(lens, n, pipe.spec.train.micro_batch_size) if prompts is None else
-                c.pass_tokens(lens, n, pipe.spec.train.micro_batch_size, prompts,
-                              pipe.spec.group_size))
+    computed = c.pass_tokens(lens, n, pipe.spec.train.micro_batch_size, prompts,
+                             pipe.spec.group_size)
     if stage in (Stage.OLD_LOGPROB, Stage.REF_LOGPROB):
         return c.logprob_time_s(m, n, computed), c.logprob_flops(m, tokens), tokens
     if stage == Stage.ACTOR_UPDATE:
