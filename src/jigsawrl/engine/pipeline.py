@@ -99,6 +99,13 @@ def build_model_and_tokenizer(model: str, seed: int, where: str = "pipelines.mod
                       fix=f"use a preset ({', '.join(ENGINE_MODELS)}) or a local model folder")
 
 
+def grpo_config(tr: Any) -> GRPOConfig:
+    """The trainer's hyper-parameters from a pipeline's ``train`` spec (``TrainSpec``)."""
+    return GRPOConfig(lr=tr.lr, clip_eps=tr.clip_eps, kl_coef=tr.kl_coef, grad_clip=tr.grad_clip,
+                      micro_batch_size=tr.micro_batch_size, ppo_epochs=tr.ppo_epochs,
+                      recompute_old_logprobs=tr.recompute_old_logprobs, autocast=tr.autocast)
+
+
 def is_own_model(model: str) -> bool:
     """Whether ``model`` names a local folder (a user's model) rather than an engine preset."""
     from jigsawrl.engine.models import ENGINE_MODELS
@@ -236,11 +243,7 @@ class RealPipeline:
     def _make_trainer(self, model: torch.nn.Module) -> None:
         tr = self.spec.train
         ref = copy.deepcopy(model) if tr.kl_coef > 0 else None
-        self.trainer = GRPOTrainer(model, GRPOConfig(
-            lr=tr.lr, clip_eps=tr.clip_eps, kl_coef=tr.kl_coef, grad_clip=tr.grad_clip,
-            micro_batch_size=tr.micro_batch_size, ppo_epochs=tr.ppo_epochs,
-            recompute_old_logprobs=tr.recompute_old_logprobs, autocast=tr.autocast),
-            ref_model=ref)
+        self.trainer = GRPOTrainer(model, grpo_config(tr), ref_model=ref)
 
     # ------------------------------------------------------------------ state that moves
 

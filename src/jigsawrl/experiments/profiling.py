@@ -276,9 +276,11 @@ def run_profile(settings: ProfileSettings,
     """
     import torch
 
+    from jigsawrl.engine.allocator import keep_freed_memory
     from jigsawrl.engine.models import build_model
     from jigsawrl.workload.realpresets import engine_model_spec
 
+    keep_freed_memory()  # the allocator of the device workers whose costs this profile prices
     spec = engine_model_spec(settings.model)
     engine_model, tok = build_model(settings.model, seed=settings.seed)
     trainer_model = copy.deepcopy(engine_model)

@@ -35,6 +35,7 @@ from typing import Any
 
 import ray
 
+from jigsawrl.engine.allocator import keep_freed_memory
 from jigsawrl.executors.raycluster.messages import (
     MoveResult,
     PublishRequest,
@@ -98,6 +99,7 @@ class DeviceWorker:
     def __init__(self, device: int, specs_json: dict[str, str], seed: int,
                  cache_dir: str | None = None, offsets: dict[str, int] | None = None) -> None:
         use_numpy_wire()  # weights, train states, payloads and gradients leave as numpy buffers
+        keep_freed_memory()  # a pass re-faulting memory it freed cost 40-80 ms (allocator.py)
         self.local = LocalPipelines(device, specs_json, seed, cache_dir, offsets)
         self.rollout = RolloutHost(self.local)
         self.train = TrainHost(self.local)
@@ -112,14 +114,18 @@ class DeviceWorker:
         return WorkerInfo(self.local.device, os.getpid(), node)
 
     def warm(self) -> float:
-        """Build every pipeline's rollout-only copy now (imports torch, builds datasets) and
-        take the slow first uses of a process, then freeze what start-up built out of the
-        garbage collector's walks (:func:`freeze_heap`), so that the run clock never includes a
-        worker's start-up; returns the seconds it took."""
+        """Build every pipeline's rollout-only copy now (imports torch, builds datasets),
+        take the slow first uses of a process, grow the heap to each pipeline's largest train
+        pass (:func:`~jigsawrl.engine.warmup.warm_train_peak`), then freeze what start-up built
+        out of the garbage collector's walks (:func:`freeze_heap`), so that the run clock never
+        includes a worker's start-up; returns the seconds it took."""
+        from jigsawrl.engine.warmup import warm_train_peak
+
         t0 = time.perf_counter()
         for name in self.local.specs:
             pipe = self.local.get(name)
             self.shards.get(name)
+            warm_train_peak(pipe)
         self.train.warm(pipe)
         self.rollout.warm(pipe)
         freeze_heap()
