@@ -45,7 +45,12 @@ def checkpoint_step(out: Path, name: str) -> int:
 
 
 def kill_tree(pid: int) -> None:
-    proc = psutil.Process(pid)
+    """SIGKILL ``pid`` and every process under it; a driver that already ended is no error
+    here (the caller's own assertion says why it ended)."""
+    try:
+        proc = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return
     for p in [*proc.children(recursive=True), proc]:
         with contextlib.suppress(psutil.NoSuchProcess):
             p.send_signal(signal.SIGKILL)
@@ -99,7 +104,7 @@ def run_events(out: Path) -> list[Any]:
 @pytest.mark.chaos
 @pytest.mark.slow  # ~2.5 min for the three: run by .ci/run (-m chaos)
 @pytest.mark.parametrize(("where", "stage", "nth"), [
-    ("mid-rollout", "rollout", 8), ("mid-update", "actor_update", 3),
+    ("mid-rollout", "rollout@2", 1), ("mid-update", "actor_update", 3),
     ("mid-checkpoint", "weight_sync", 3)])
 def test_driver_killed_at_a_point_resumes_to_the_same_steps(
         tmp_path: Path, shared_cache: Path, where: str, stage: str, nth: int) -> None:
@@ -114,15 +119,18 @@ def test_driver_killed_at_a_point_resumes_to_the_same_steps(
     env = {**os.environ, "JIGSAWRL_CACHE": str(shared_cache), "HF_HUB_OFFLINE": "1"}
     sets = [a for s in SETS for a in ("--set", s)]
     args = jigsawrl_cmd("run", "configs/real/multi.yaml", "--ray", "--out", str(out), *sets)
-    first = subprocess.Popen(args, env={**env, "JIGSAWRL_DRILL_FREEZE":
-                                        f"{stage}:{nth}:{marker}"},
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             start_new_session=True)
+    log_path = tmp_path / "first.log"
+    with log_path.open("w") as log_file:
+        first = subprocess.Popen(args, env={**env, "JIGSAWRL_DRILL_FREEZE":
+                                            f"{stage}:{nth}:{marker}"},
+                                 stdout=log_file, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
     deadline = time.monotonic() + 300
     try:
         while time.monotonic() < deadline and first.poll() is None and not marker.is_file():
             time.sleep(0.1)
-        assert marker.is_file(), f"the drill never reached {where}"
+        assert marker.is_file(), (f"the drill never reached {where} (driver exit code "
+                                  f"{first.poll()}):\n{log_path.read_text()[-3000:]}")
         time.sleep(0.3)  # the call it stopped at is running on its worker
     finally:
         kill_tree(first.pid)

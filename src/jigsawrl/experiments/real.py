@@ -80,17 +80,21 @@ def checkpoint_offsets(cfg: ExperimentConfig, out_dir: Path | None) -> dict[str,
 
 CHECKPOINTS = "checkpoints"
 # Driver-kill drills (tests/executors/test_ray_driver_killed.py): "STAGE:N:PATH" makes the driver
-# write PATH and stop right after submitting its N-th worker call of STAGE, to be killed there.
+# write PATH and stop right after submitting its N-th worker call of STAGE, to be killed there;
+# "STAGE@STEP:N:PATH" counts only the calls of pipeline step STEP (a rollout's slice count
+# depends on the machine's speed, a step's first slice does not).
 FREEZE_ENV = "JIGSAWRL_DRILL_FREEZE"
 FREEZE_S = 3600.0
 
 
 def freeze_drill(spec: str) -> Callable[[Any], None]:
     """The executor hook of a driver-kill drill (:data:`FREEZE_ENV`): at the N-th worker call
-    of STAGE the driver writes PATH (``"STAGE N"``) and sleeps, its calls still running on the
+    of STAGE (of step STEP, when given) the driver writes PATH (``"STAGE N"``) and sleeps, its calls still running on the
     workers (a rollout slice, an update, a checkpoint being written), until it is killed."""
     stage_name, nth, path = spec.split(":", 2)
+    stage_name, _, step_name = stage_name.partition("@")
     stage, count = Stage(stage_name), int(nth)
+    only_step = int(step_name) if step_name else None
     seen = [0]
 
     def install(executor: Any) -> None:
@@ -99,7 +103,7 @@ def freeze_drill(spec: str) -> Callable[[Any], None]:
         def on_call(call: Any) -> None:
             if before is not None:
                 before(call)
-            if call.stage != stage:
+            if call.stage != stage or only_step not in (None, call.step):
                 return
             seen[0] += 1
             if seen[0] == count:
