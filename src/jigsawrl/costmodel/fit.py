@@ -221,6 +221,9 @@ def fit_params(model: ModelSpec, raw_by_threads: dict[int, dict[str, Any]]) -> d
         "weight_sync_overhead_s": max(raw[Stage.WEIGHT_SYNC]["time_s"] - load, 0.0),
         "logprob_overhead_s": lp_over, "train_overhead_s": tr_over,
         "train_pads_rows": True,  # the trainer profiled here pads each micro-batch's rows
+        # ... and forwards each GRPO group's prompt once (engine/shared_prompt.py): counted so
+        # since the first steps' page faults are gone (docs/BENCHMARKS.md, "First steps")
+        "train_shares_prompt": True,
     }
     accel = {"peak_flops": peak, "hbm_bytes_per_s": mem_bw,
              "host_link_bytes_per_s": mem_bw / 2.0}
