@@ -89,8 +89,9 @@ FREEZE_S = 3600.0
 
 def freeze_drill(spec: str) -> Callable[[Any], None]:
     """The executor hook of a driver-kill drill (:data:`FREEZE_ENV`): at the N-th worker call
-    of STAGE (of step STEP, when given) the driver writes PATH (``"STAGE N"``) and sleeps, its calls still running on the
-    workers (a rollout slice, an update, a checkpoint being written), until it is killed."""
+    of STAGE (of step STEP, when given) the driver writes PATH (``"STAGE N"``) and sleeps, its
+    calls still running on the workers (a rollout slice, an update, a checkpoint being
+    written), until it is killed."""
     stage_name, nth, path = spec.split(":", 2)
     stage_name, _, step_name = stage_name.partition("@")
     stage, count = Stage(stage_name), int(nth)
