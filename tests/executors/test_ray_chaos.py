@@ -25,6 +25,7 @@ import pytest
 pytest.importorskip("ray")
 pytest.importorskip("torch")
 
+import ray  # noqa: E402
 from test_ray_executor import check_run  # noqa: E402
 
 from jigsawrl.config import load_config  # noqa: E402
@@ -137,11 +138,17 @@ def test_seeded_random_kills_lose_nothing(shared_ray: Any, cache: Path) -> None:
     check_lossless(summary, events, chaos)
 
 
-def test_migration_source_killed_resumes_from_snapshots(shared_ray: Any, cache: Path) -> None:
+@pytest.mark.parametrize("quiet_source", [False, True], ids=["source-busy", "source-quiet"])
+def test_migration_source_killed_resumes_from_snapshots(shared_ray: Any, cache: Path,
+                                                        quiet_source: bool) -> None:
     """A DP-2 rollout migrates rank 1's requests to rank 0 (``MigratingVerl``); rank 1's worker
     dies right before the export is asked of it. The destination's next slice fails on its lost
     input; the exported requests resume there from their latest snapshots (or are regenerated)
-    and the step completes with every sample once."""
+    and the step completes with every sample once.
+
+    ``source-quiet``: rank 1's slice has finished before the kill, so no call of the source
+    fails; the lost export alone must reveal the dead worker, which is then replaced (CI once
+    hit this order by chance and the dead worker was never replaced)."""
     from test_ray_executor import MigratingVerl, one_pipeline_dp2, run_with_policy
 
     killed: list[int] = []
@@ -152,10 +159,12 @@ def test_migration_source_killed_resumes_from_snapshots(shared_ray: Any, cache: 
 
         def kill_then_migrate(action: Any) -> None:
             ro = ex.rollouts.active[action.task_id]
-            src = ro.ranks[action.src_ranks[0]].device
+            src_rank = ro.ranks[action.src_ranks[0]]
             if not killed:
-                killed.append(src)
-                ex.kill_device(src, wait=True)
+                if quiet_source and src_rank.inflight is not None:
+                    ray.wait([src_rank.inflight], timeout=60)
+                killed.append(src_rank.device)
+                ex.kill_device(src_rank.device, wait=True)
             migrate(action)
 
         ex.rollouts.migrate = kill_then_migrate

@@ -61,8 +61,14 @@ class Recovery:
             assert call.worker is not None
             self.device_died(call.worker, call)
             return  # its requests were re-dispatched, its task relaunched or its pipeline failed
-        if call.kind == CallKind.CHUNK and self.rollouts.retry_lost_exports(call):
-            return  # a migration's source died: its requests resume from their snapshots
+        sources = self.rollouts.retry_lost_exports(call) if call.kind == CallKind.CHUNK else None
+        if sources is not None:
+            # a migration's source died: its requests resume from their snapshots, and its
+            # worker is replaced now (the source rank may have no call left to notice it)
+            for index in sources:
+                if not self.fleet.alive(index):
+                    self.device_died(index, None)
+            return
         pipe = self.state.pipes[call.pipeline]
         if call.epoch < pipe.epoch and call.action is not None and pipe.lost is None:
             # submitted before its train state was rebuilt (it took the lost state as input)
@@ -84,16 +90,17 @@ class Recovery:
         self.state.notes.append(TaskFailed(task_id(name, step, stage), name, step, stage,
                                            self.state.now_s, error))
 
-    def device_died(self, index: int, failing: Call) -> None:
-        """Device ``index``'s worker died while running ``failing`` (see the module docstring).
+    def device_died(self, index: int, failing: Call | None) -> None:
+        """Device ``index``'s worker died while running ``failing`` (None: found dead by a call
+        that took its output) (see the module docstring).
 
         Its other calls are dropped; every train state it held, or was offloading, is rebuilt
         on the new worker (:meth:`Residency.rebuild`) and the tasks it ran (and every other
         task of those pipelines that took the lost state) are launched again, in submission
         order; its rollout slices' requests go on elsewhere."""
         old = self.fleet.replace(index)
-        lost = [failing, *self.state.drop(lambda c: c.worker == index
-                                          and c.kind != CallKind.CHUNK)]
+        lost = [*([failing] if failing is not None else []),
+                *self.state.drop(lambda c: c.worker == index and c.kind != CallKind.CHUNK)]
         hit = set(old.resident) | {c.pipeline for c in lost
                                    if c.host is not None and c.epoch == self._epoch(c)}
         for name in sorted(hit):
@@ -128,7 +135,7 @@ class Recovery:
             log.warning("%s relaunched after a worker died", call.tid)
             self.relaunch(call.action)
 
-    def _lose(self, pipe: Pipe, index: int, failing: Call) -> None:
+    def _lose(self, pipe: Pipe, index: int, failing: Call | None) -> None:
         """``pipe``'s train state died with device ``index``'s worker and cannot be rebuilt."""
         pipe.loc = None
         pipe.lost = pipe.lost or (f"its train state was on device {index}, whose worker died; "
@@ -137,9 +144,9 @@ class Recovery:
         if task is not None:
             self.fail_pipeline(pipe.name, *task, pipe.lost)
 
-    def _task_in_flight(self, name: str, failing: Call) -> tuple[int, str] | None:
+    def _task_in_flight(self, name: str, failing: Call | None) -> tuple[int, str] | None:
         """``(step, stage)`` of pipeline ``name``'s earliest task in flight, if any."""
-        calls = [failing, *self.state.calls.values()]
+        calls = [*([failing] if failing is not None else []), *self.state.calls.values()]
         tasks = [(c.step, c.stage) for c in calls if c.pipeline == name and c.tid is not None]
         tasks += [(ro.step, Stage.ROLLOUT) for ro in self.rollouts.running(name)]
         return min(tasks, key=lambda t: t[0]) if tasks else None

@@ -45,7 +45,8 @@ class Rollouts:
         # requests of dead workers: resumed from a checkpoint, regenerated from the prompt, and
         # the sampled tokens the resumed ones kept
         self.recovered = {"resumed": 0, "regenerated": 0, "tokens_kept": 0}
-        self.exports: dict[Any, tuple[int, ...]] = {}  # export ref -> the requests it carries
+        # export ref -> (the source rank, the requests it carries)
+        self.exports: dict[Any, tuple[int, tuple[int, ...]]] = {}
 
     # ------------------------------------------------------------------ actions
     def launch(self, a: StartRollout, tid: str) -> None:
@@ -111,7 +112,7 @@ class Rollouts:
             export = self.state.devs[src.device].actor.gen_export.remote(ro.pipeline, ro.step,
                                                                          src.index)
             dst.incoming.append(export)
-            self.exports[export] = exported
+            self.exports[export] = (src.index, exported)
             src.migrate_to = dst.index
             log.debug("%s: migrating %d requests rank %d -> %d", ro.tid, moved, src.index,
                       dst.index)
@@ -228,17 +229,20 @@ class Rollouts:
             self.state.notes.append(RankProgress(ro.tid, rank.index, 0, DONE_BAND,
                                                  self.state.now_s, 0))
 
-    def retry_lost_exports(self, call: Call) -> bool:
+    def retry_lost_exports(self, call: Call) -> tuple[int, ...] | None:
         """A slice failed on a live worker because a migration's export it took in was lost
         (the source worker died before exporting): the exported requests resume on this rank
         from their latest checkpoints (regenerated from their prompts if they have none), and
-        the slice is sent again with everything else it took in. False: not that case."""
+        the slice is sent again with everything else it took in. Returns the devices whose
+        exports were lost (their workers are likely dead: the caller checks and replaces
+        them, since nothing else may call them again); None: not that case."""
         ro, rank = call.rollout, call.rank
         if ro is None or rank is None or call.sent is None or self.active.get(ro.tid) is not ro:
-            return False
+            return None
         fresh, incoming = call.sent
         keep: list[Any] = []
         lost: list[int] = []
+        sources: list[int] = []
         for item in incoming:
             if isinstance(item, list) or item not in self.exports:
                 keep.append(item)
@@ -249,19 +253,21 @@ class Rollouts:
             except ray.exceptions.GetTimeoutError:
                 keep.append(item)
             except Exception:  # noqa: BLE001 - its worker died: the export is gone
-                lost += self.exports.pop(item)
-        if not lost:
-            return False
+                source, requests = self.exports.pop(item)
+                sources.append(source)
+                lost += requests
+        if not sources:
+            return None
         pending = [i for i in lost if i not in ro.results and ro.owner.get(i) == rank.index]
         resume = [ro.checkpoints[i] for i in pending if i in ro.checkpoints]
         regen = [i for i in pending if i not in ro.checkpoints]
         rank.fresh = [*fresh, *regen, *rank.fresh]
         rank.incoming = [*keep, *([resume] if resume else []), *rank.incoming]
-        self._count_recovered(ro, rank, rank, resume, regen)
+        self._count_recovered(ro, ro.ranks[sources[0]], rank, resume, regen)
         rank.done = False
         if rank.inflight is None:
             self.submit_chunk(ro, rank)
-        return True
+        return tuple(dict.fromkeys(ro.ranks[i].device for i in sources))
 
     def _count_recovered(self, ro: RolloutRT, rank: RankRT, target: RankRT,
                          resume: list[tuple[Any, int]], fresh: list[int]) -> None:
