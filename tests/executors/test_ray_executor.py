@@ -89,6 +89,9 @@ def test_two_real_pipelines_finish(shared_ray: Any, cache: Path, policy: str,
     check_run(summary, events, {"arithmetic": STEPS, "calculator": STEPS})
     assert summary["failed_pipelines"] == []
     assert summary["policy"] == policy
+    # every device worker timed the speed probe before the clock (engine/speedprobe.py)
+    probes = summary["speed_probes_s"]
+    assert len(probes) == summary["num_devices"] and all(p > 0 for p in probes)
     assert (tmp_path / "run" / "summary.json").is_file()
     stages = {s.stage for s in events if isinstance(s, Span)}
     assert stages >= {Stage.REWARD, Stage.OLD_LOGPROB, Stage.ACTOR_UPDATE, Stage.WEIGHT_SYNC}

@@ -188,6 +188,40 @@ def test_a_profile_is_the_truth_and_a_miss_is_reported(tmp_path: Path) -> None:
     assert not cal.within_target
 
 
+def test_a_run_on_a_slower_machine_is_predicted_exactly_once_scaled_by_its_probe(
+        tmp_path: Path) -> None:
+    """The 'real' run ran on the profiled machine 1.5x slower (its probe says so): the raw
+    prediction misses by that, the speed-adjusted one is exact; a run without probes gets none."""
+    cfg = config("verl-serial")
+    exp = experiment(cfg)
+    prof = write_profile(tmp_path / "p.yaml", peak_flops=1e10)
+    doc = yaml.safe_load(prof.read_text())
+    doc["machine"] = {"speed_probe_s": 0.02}
+    prof.write_text(yaml.safe_dump(doc))
+    measured, events = simulate_replay(replay_experiment(exp, truth_workload()), "verl-serial",
+                                       truth_cost(exp, prof, speed_factor=1.5))
+    measured["speed_probes_s"] = [0.029, 0.03, 0.031]
+    cal = calibrate(cfg, events, "verl-serial", profile=prof, exp=exp, tool_tokens=TOOL_TOKENS,
+                    measured=measured)
+    assert cal.speed_factor == pytest.approx(1.5)
+    raw = cal.pool["makespan_s"].rel_error
+    assert raw is not None and raw < -0.1  # the profile's machine was faster
+    adjusted = cal.speed_adjusted
+    assert adjusted is not None
+    assert adjusted["pool"]["makespan_s"]["rel_error"] == pytest.approx(0.0, abs=1e-6)
+    for name in ("count", "calc"):
+        assert adjusted["pipelines"][name]["step_latency_s"]["rel_error"] == pytest.approx(
+            0.0, abs=1e-6)
+    for stages in adjusted["stages"].values():
+        for c in stages.values():
+            assert c["rel_error"] is None or c["rel_error"] == pytest.approx(0.0, abs=1e-6)
+    assert cal.to_json()["speed_factor"] == pytest.approx(1.5)
+    del measured["speed_probes_s"]
+    plain = calibrate(cfg, events, "verl-serial", profile=prof, exp=exp,
+                      tool_tokens=TOOL_TOKENS, measured=measured)
+    assert plain.speed_factor is None and plain.speed_adjusted is None
+
+
 def test_a_missing_profile_is_an_input_error(tmp_path: Path) -> None:
     cfg = config()
     with pytest.raises(InputError, match="profile"):

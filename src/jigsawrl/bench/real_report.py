@@ -51,6 +51,25 @@ def error_note(cal: Calibration | None) -> str:
             f"the {TARGET_REL_ERROR:.0%} aim")
 
 
+def speed_note(cal: Calibration | None) -> str | None:
+    """One line on the machine's speed for the run against the profile's (the speed probe)
+    and the makespan / throughput errors once the profile is scaled by it; None without
+    probes. Shown beside the plain prediction, never instead of it: one probe before the run
+    did not follow this VM's drift (docs/BENCHMARKS.md, "Speed probe")."""
+    if cal is None or cal.speed_factor is None or cal.speed_adjusted is None:
+        return None
+    pool = cal.speed_adjusted["pool"]
+    errs = [f"{label} {pool[key]['rel_error']:+.0%}"
+            for key, label in (("makespan_s", "makespan"), ("throughput_tokens_per_s", "tokens/s"))
+            if pool.get(key, {}).get("rel_error") is not None]
+    pace = ("slower" if cal.speed_factor >= 1 else "faster")
+    ratio = cal.speed_factor if cal.speed_factor >= 1 else 1 / cal.speed_factor
+    return (f"speed probe (once, before the clock): this run's machine {ratio:.2f}× {pace} "
+            f"than at profile time; prediction scaled to it: "
+            f"{', '.join(errs) or 'nothing to compare'} (on a VM whose speed moves within "
+            f"seconds the probe can miss the run's speed: docs/BENCHMARKS.md, \"Speed probe\")")
+
+
 def run_table(summary: Mapping[str, Any], cal: Calibration | None) -> Table:
     """One real run, per pipeline: measured step latency, tokens/s and rewards, then (dim) the
     simulator's prediction of the same run with its error."""
@@ -249,6 +268,9 @@ def bench_notes(result: BenchRealResult) -> list[str]:
             notes.append(f"{policy}: prediction's largest error per repeat {errs} (median "
                          f"{_f(_median(c.max_abs_rel_error for c in known), '.0%')}; aim "
                          f"{TARGET_REL_ERROR:.0%})")
+        speeds = [speed_note(c) for c in cals]
+        notes += [f"{policy}{'' if len(cals) == 1 else f' (repeat {i})'}: {line}"
+                  for i, line in enumerate(speeds) if line is not None]
         notes += [f"{policy}: {line}" for line in dict.fromkeys(
             x for c in known for x in c.notes)]
     notes.append(f"predictions: {_source(result)}")

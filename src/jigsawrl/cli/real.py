@@ -85,7 +85,7 @@ def _predict(cfg: Any, events: list[Any], summary: dict[str, Any], profile: Path
 
 def _print_ray_result(console: Console, summary: dict[str, Any], cal: Any,
                       out: Path | None) -> None:
-    from jigsawrl.bench.real_report import error_note, plot_reward_curves, run_table
+    from jigsawrl.bench.real_report import error_note, plot_reward_curves, run_table, speed_note
     from jigsawrl.metrics.report import summary_table
 
     console.print(summary_table(summary))
@@ -93,6 +93,8 @@ def _print_ray_result(console: Console, summary: dict[str, Any], cal: Any,
     source = "" if cal is None else cal.cost_source.split(" (measured")[0]
     console.print(error_note(cal) + (f"; cost model: {source}" if source else ""),
                   highlight=False)
+    if (speed := speed_note(cal)) is not None:
+        console.print(speed, highlight=False)
     for line in cal.notes if cal is not None else []:
         console.print(f"- {line}", highlight=False)
     plan = summary.get("policy_report", {}).get("plan")

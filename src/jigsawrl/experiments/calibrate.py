@@ -275,6 +275,11 @@ class Calibration:
     # the realistic makespan bound (graph/makespan_bound.py) of the replayed workload under the
     # truth's costs: what no schedule of this run's requests beats on the predicted pool
     bound_s: float | None = None
+    # the machine's speed for the run against the profile's (run probe / profile probe: > 1 is
+    # slower) and the same prediction with the profile scaled by it (costmodel/speed.py); None
+    # where the profile or the run has no probe
+    speed_factor: float | None = None
+    speed_adjusted: dict[str, Any] | None = None
 
     # Quantities the 10% aim applies to (busy fraction is shown, not judged).
     JUDGED_POOL = ("makespan_s", "throughput_tokens_per_s")
@@ -307,6 +312,7 @@ class Calibration:
                 "target_rel_error": TARGET_REL_ERROR, "within_target": self.within_target,
                 "max_abs_rel_error": self.max_abs_rel_error, "bound_s": self.bound_s,
                 "bound_tokens_per_s": self.bound_tokens_per_s,
+                "speed_factor": self.speed_factor, "speed_adjusted": self.speed_adjusted,
                 "pool": {k: c.to_json() for k, c in self.pool.items()},
                 "pipelines": {p: {k: c.to_json() for k, c in d.items()}
                               for p, d in self.pipelines.items()},
@@ -314,16 +320,34 @@ class Calibration:
                            for p, d in self.stages.items()}, "notes": self.notes}
 
 
-def truth_cost(exp: Experiment, profile: str | Path | None) -> CostModel:
+def truth_cost(exp: Experiment, profile: str | Path | None, *,
+               speed_factor: float = 1.0) -> CostModel:
     """The simulator's truth for a real run: the profile's cost model (noise off), or the
-    built-in ``cpu-worker`` preset when ``profile`` is None."""
+    built-in ``cpu-worker`` preset when ``profile`` is None; ``speed_factor``: the profiled
+    machine that many times slower (:func:`jigsawrl.costmodel.speed.slower`)."""
     if profile is None:
         return real_belief(exp)
     per_node = exp.config.cluster.accelerators_per_node
     from jigsawrl.costmodel.profile import load_profile
+    from jigsawrl.costmodel.speed import slower
 
     accel, params = load_profile(profile)
+    if speed_factor != 1.0:
+        accel, params = slower(accel, params, speed_factor)
     return CostModel(accel, params=dataclasses.replace(params, devices_per_node=per_node))
+
+
+def speed_factor(profile: str | Path | None, measured: Mapping[str, Any]) -> float | None:
+    """The run's speed probe (the median of its workers') over the profile's: how many times
+    slower the machine ran than when profiled; None where either has no probe."""
+    probes = measured.get("speed_probes_s") or []
+    if profile is None or not probes:
+        return None
+    from jigsawrl.costmodel.profile import read_profile
+    from jigsawrl.costmodel.speed import profile_probe_s
+
+    base = profile_probe_s(read_profile(profile), where=str(profile))
+    return None if base is None else float(np.median(probes)) / base
 
 
 def simulate_replay(exp: Experiment, policy: str, truth: CostModel, *,
@@ -439,6 +463,18 @@ def calibrate(cfg: ExperimentConfig, events: Sequence[Event], policy: str, *,
     pool, pipes = compare_summaries(measured, sim_summary)
     cal = Calibration(policy, truth.accel.source, pool, pipes, sim_summary, sim_events, notes,
                       compare_stages(events, sim_events), replay_bound(replay, truth, notes))
+    factor = speed_factor(profile, measured)
+    if factor is not None:
+        cal.speed_factor = factor
+        adj_summary, adj_events = simulate_replay(replay, policy,
+                                                  truth_cost(exp, profile, speed_factor=factor))
+        adj_pool, adj_pipes = compare_summaries(measured, adj_summary)
+        cal.speed_adjusted = {
+            "pool": {k: c.to_json() for k, c in adj_pool.items()},
+            "pipelines": {p: {k: c.to_json() for k, c in d.items()}
+                          for p, d in adj_pipes.items()},
+            "stages": {p: {k: c.to_json() for k, c in d.items()}
+                       for p, d in compare_stages(events, adj_events).items()}}
     log.info("calibration of %s: max |error| %s (target %.0f%%)", policy,
              "n/a" if cal.max_abs_rel_error is None else f"{cal.max_abs_rel_error:.1%}",
              100 * TARGET_REL_ERROR)

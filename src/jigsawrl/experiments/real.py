@@ -158,8 +158,11 @@ def run_real(cfg: ExperimentConfig, *, policy: str | None = None, address: str |
         ``(summary, events)``; the summary adds ``startup_s`` (Ray + workers + warm starts, not
         part of the makespan), ``wall_s``, ``scheduler_decision_ms_p99``, ``pipeline_metrics``
         (per pipeline, per step: reward mean, losses), ``memory_moves`` (measured offloads and
-        onloads), ``resumed_from``, ``replaced_devices`` and ``recovered`` (requests of dead
-        workers resumed from checkpoints / regenerated, and the sampled tokens kept).
+        onloads), ``resumed_from``, ``replaced_devices``, ``recovered`` (requests of dead
+        workers resumed from checkpoints / regenerated, and the sampled tokens kept) and
+        ``speed_probes_s`` (each device worker's speed probe before the clock:
+        ``engine/speedprobe.py``) and ``pass_breakdown`` (per pipeline and model pass, the
+        calls' wall, CPU, garbage-collection and pass seconds: ``raycluster/callclock.py``).
 
     Raises:
         ConfigError: see :func:`resolve_real`; also ``verl`` (auto), which needs two runs, and
@@ -219,6 +222,8 @@ def run_real(cfg: ExperimentConfig, *, policy: str | None = None, address: str |
     summary["replaced_devices"] = executor.replaced_devices
     summary["recovered"] = dict(executor.recovered)
     summary["threads_per_device"] = threads_per_device
+    summary["speed_probes_s"] = executor.speed_probes_s
+    summary["pass_breakdown"] = executor.pass_breakdown
     if report := pol.report():
         summary["policy_report"] = report
     log.info("real run %s under %s: makespan %.1f s, start-up %.1f s, %.0f tokens/s", info.name,

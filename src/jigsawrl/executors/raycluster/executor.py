@@ -184,6 +184,17 @@ class RayExecutor:
         return self.fleet.replaced
 
     @property
+    def pass_breakdown(self) -> dict[str, dict[str, dict[str, float]]]:
+        """Per pipeline and model-pass stage, where the calls' wall time went on their
+        holders (:class:`~jigsawrl.executors.raycluster.callclock.Clocks`)."""
+        return self.training.clocks.to_json()
+
+    @property
+    def speed_probes_s(self) -> list[float]:
+        """Each device worker's speed probe before the run clock (engine/speedprobe.py)."""
+        return list(self.fleet.speed_probes_s)
+
+    @property
     def recovered(self) -> dict[str, int]:
         """Requests of dead workers: ``resumed`` from a checkpoint, ``regenerated`` from their
         prompt, and the sampled ``tokens_kept`` by the resumed ones."""

@@ -62,6 +62,7 @@ class Fleet:
         self.strict_rewards = strict_rewards
         self.node_ids: list[str] = []
         self.replaced: list[int] = []
+        self.speed_probes_s: list[float] = []
         self._started_ray = False
         self._res: Reservation | None = None
 
@@ -78,6 +79,9 @@ class Fleet:
         ray.get([d.actor.warm.remote() for d in devs])
         self._await_rewards(rewards_up)
         self._preload_weights()
+        # last, once nothing of the start-up runs: every worker's speed probe, together (as
+        # the run's calls run), the machine's speed for this run (engine/speedprobe.py)
+        self.speed_probes_s = ray.get([d.actor.probe.remote() for d in devs])
 
     def _new_device(self, index: int) -> Dev:
         assert self._res is not None

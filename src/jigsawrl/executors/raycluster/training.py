@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from jigsawrl.driver.protocol import TaskDone
+from jigsawrl.executors.raycluster.callclock import Clocks
 from jigsawrl.executors.raycluster.messages import (
     MoveResult,
     PublishRequest,
@@ -36,6 +37,7 @@ class Training:
     def __init__(self, state: RunState, residency: Residency) -> None:
         self.state = state
         self.residency = residency
+        self.clocks = Clocks()  # where each model pass's wall time went (callclock.py)
 
     # ------------------------------------------------------------------ launches
     def launch_reward(self, pipe: Pipe, a: StartStage, tid: str) -> None:
@@ -115,6 +117,7 @@ class Training:
             call.replay.done = True
         absolute = pipe.offset + call.step
         if isinstance(res, StageResult) and call.stage in MODEL_PASSES:
+            self.clocks.add(call.pipeline, call.stage, res.clock)
             # data-parallel helpers: a span on each one's device
             for rank, (dev, helper) in enumerate(zip(call.helpers, res.helpers, strict=False),
                                                  start=1):

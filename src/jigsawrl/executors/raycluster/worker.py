@@ -131,6 +131,13 @@ class DeviceWorker:
         freeze_heap()
         return time.perf_counter() - t0
 
+    def probe(self) -> float:
+        """Seconds of the engine's speed probe here (:mod:`jigsawrl.engine.speedprobe`): how
+        fast this machine runs now, next to the profile's own probe."""
+        from jigsawrl.engine.speedprobe import speed_probe_s
+
+        return speed_probe_s()
+
     def preload(self, name: str, version: int, weights: Any) -> None:
         """Receive a pipeline's weights ahead of its first rollout here (start-up)."""
         self.rollout.preload(name, version, weights)

@@ -16,9 +16,11 @@ What it runs (for :class:`~jigsawrl.executors.raycluster.worker.DeviceWorker`):
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
+from jigsawrl.executors.raycluster.callclock import CallClock
 from jigsawrl.executors.raycluster.messages import (
     MoveResult,
     PublishRequest,
@@ -46,8 +48,6 @@ class TrainHost:
     def init_train(self, name: str, ckpt_root: str | None) -> tuple[TrainInit, TrainState]:
         """Build the pipeline with its trainer (warm start; the latest checkpoint under
         ``ckpt_root`` if given), then hand the train state to the host."""
-        import time
-
         from jigsawrl.engine.pipeline import RealPipeline
 
         t0 = time.perf_counter()
@@ -129,6 +129,7 @@ class TrainHost:
 
         torch.set_num_threads(max(1, req.threads))
         t_start = wall_now()
+        clock = CallClock().start()
         name = req.pipeline
         if state is not None:
             self.onload(name, state)
@@ -137,6 +138,7 @@ class TrainHost:
             data = self.step_data(name, req.step, trajectories, rewards)
             pipe = self.local.pipes[name]
             tokens = int(data.batch.attention_mask.sum())
+            t_pass = time.perf_counter()
             if helpers and req.bounds:
                 actors = list(helpers[1]) if len(helpers) > 1 else []
                 result, timings = combine_shards(pipe, req, data, helpers[0], actors)
@@ -144,9 +146,11 @@ class TrainHost:
                 method = {Stage.OLD_LOGPROB: pipe.old_logprob, Stage.REF_LOGPROB: pipe.ref_logprob,
                           Stage.ACTOR_UPDATE: pipe.update}[Stage(req.stage)]
                 result = method(data)
+            clock.pass_s = time.perf_counter() - t_pass
         metrics = dict(result) if req.stage == Stage.ACTOR_UPDATE else {}
+        clock.stop()
         return StageResult(t_start=t_start, t_end=wall_now(), tokens=tokens, threads=req.threads,
-                           metrics=metrics, helpers=timings)
+                           metrics=metrics, helpers=timings, clock=clock.as_tuple())
 
     def rebuild(self, name: str, state: TrainState, passes: list[tuple[StageRequest, Any, Any]],
                 synced: tuple[int, ...]) -> MoveResult:

@@ -1,0 +1,84 @@
+"""Where a worker call's wall time went: its process's CPU time, garbage collection, the pass.
+
+Why: model passes inside real runs were predicted 20-50% short, and it was not known whether
+the run made them slow or the cost model priced them wrong. A call's wall time beside the CPU
+time its process used in it tells the two kinds of cause apart: CPU time well below the wall
+means the process waited (descheduled by the VM or by other processes, or blocked), CPU time
+close to it means the work itself was slower (or more of it). Measured on the demo: on the CPU
+93-96% of every pass, the collector <= 0.1% (BENCHMARKS.md, "Speed probe, where a pass's time
+goes, ..."). The garbage collector's share is timed
+through ``gc.callbacks``. :class:`CallClock` measures one call; the executor sums them per
+pipeline and stage into the run's summary (``pass_breakdown``).
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import dataclass
+
+_gc_state = {"t0": 0.0, "total_s": 0.0}
+
+
+def _gc_timer(phase: str, _info: dict[str, int]) -> None:
+    if phase == "start":
+        _gc_state["t0"] = time.perf_counter()
+    else:
+        _gc_state["total_s"] += time.perf_counter() - _gc_state["t0"]
+
+
+def _install() -> None:
+    if _gc_timer not in gc.callbacks:
+        gc.callbacks.append(_gc_timer)
+
+
+@dataclass(slots=True)
+class CallClock:
+    """Wall, process CPU and garbage-collection seconds from :meth:`start` to :meth:`stop`
+    (plus ``pass_s``, the caller's own timing of the model pass inside the call)."""
+
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+    gc_s: float = 0.0
+    pass_s: float = 0.0
+    _t: tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+    def start(self) -> CallClock:
+        _install()
+        self._t = (time.perf_counter(), time.process_time(), _gc_state["total_s"])
+        return self
+
+    def stop(self) -> CallClock:
+        wall, cpu, gcs = self._t
+        self.wall_s = time.perf_counter() - wall
+        self.cpu_s = time.process_time() - cpu
+        self.gc_s = _gc_state["total_s"] - gcs
+        return self
+
+    def as_tuple(self) -> tuple[float, float, float, float]:
+        """``(wall_s, cpu_s, gc_s, pass_s)``."""
+        return self.wall_s, self.cpu_s, self.gc_s, self.pass_s
+
+
+class Clocks:
+    """Per pipeline and stage, the sums of its calls' :class:`CallClock` readings (the
+    executor's, for the run's summary: ``pass_breakdown``)."""
+
+    def __init__(self) -> None:
+        self._sums: dict[tuple[str, str], list[float]] = {}
+
+    def add(self, pipeline: str, stage: str, reading: tuple[float, float, float, float]) -> None:
+        sums = self._sums.setdefault((pipeline, stage), [0.0, 0.0, 0.0, 0.0, 0.0])
+        for i, v in enumerate(reading):
+            sums[i] += v
+        sums[4] += 1
+
+    def to_json(self) -> dict[str, dict[str, dict[str, float]]]:
+        """``{pipeline: {stage: {calls, wall_s, cpu_s, gc_s, pass_s, cpu_fraction}}}`` (sums;
+        ``cpu_fraction``: CPU over wall time, < 1 where the process waited)."""
+        out: dict[str, dict[str, dict[str, float]]] = {}
+        for (pipeline, stage), (wall, cpu, gcs, pas, n) in sorted(self._sums.items()):
+            out.setdefault(pipeline, {})[stage] = {
+                "calls": n, "wall_s": wall, "cpu_s": cpu, "gc_s": gcs, "pass_s": pas,
+                "cpu_fraction": cpu / wall if wall > 0 else 0.0}
+        return out
