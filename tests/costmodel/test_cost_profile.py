@@ -107,6 +107,15 @@ def test_pass_tokens_of_the_shared_prompt_forward() -> None:
     assert unpadded.pass_tokens(lens, 2, 64, prompts, 4) == 10 + 6 + sum(resp)
     with pytest.raises(ValueError, match="prompt lengths"):
         shared.pass_tokens(lens, 1, 64, prompts[:3], 4)
+    # each forward call beyond a profiled pass's two (prompts, one bucket) costs
+    # bucket_overhead_tokens positions: one micro-batch of two buckets is one call more ...
+    calls = CostModel(accel, params=dataclasses.replace(
+        params, train_pads_rows=True, train_shares_prompt=True, bucket_overhead_tokens=50.0))
+    assert calls.pass_tokens(lens, 1, 64, prompts, 4) == 2 * 10 + 4 * 3 + 4 * 40 + 50
+    # ... two micro-batches of one bucket each are two more (a prompt call and a bucket)
+    assert calls.pass_tokens(lens, 1, 4, prompts, 4) == (10 + 4 * 3) + (6 + 4 * 40) + 2 * 50
+    # the profile's own shape (one micro-batch, one bucket) adds nothing
+    assert calls.pass_tokens(square, 1, 16, [64] * 16, 1) == padded.pass_tokens(square, 1, 16)
 
 
 def test_train_shares_prompt_flag_is_read_and_defaults_off(tmp_path: Path) -> None:

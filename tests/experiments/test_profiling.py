@@ -181,6 +181,16 @@ def test_quick_profile_end_to_end(tmp_path: Path) -> None:
     assert gap["transitions"] >= 8 and gap["gap_s"] > 0 and "rollout->reward" in gap[
         "by_transition"]
     assert params.stage_gap_s == pytest.approx(max(gap["gap_s"] - params.call_overhead_s, 0.0))
+    # the speed probe, timed at the profile's start and end (engine/speedprobe.py)
+    from jigsawrl.costmodel.speed import profile_probe_s
+
+    doc = read_profile(out)
+    assert len(doc["machine"]["speed_probes_s"]) == 2
+    # the GRPO-shaped pass: several buckets, and what a further forward call costs
+    assert doc["raw"]["1"]["logprob_grpo"]["buckets"] >= 2
+    assert params.bucket_overhead_tokens >= 0.0
+    assert set(doc["fitted"]["bucket_overhead_tokens_by_pass"]) == {"logprob", "train"}
+    assert profile_probe_s(doc) == pytest.approx(sum(doc["machine"]["speed_probes_s"]) / 2)
 
 
 def test_fit_runtime_recovers_the_transfer_line() -> None:
@@ -238,6 +248,22 @@ def test_cli_rejects_bad_threads(tmp_path: Path) -> None:
 
     res = CliRunner().invoke(app, ["profile", "--threads", "0", "--out", str(tmp_path / "p")])
     assert res.exit_code == 2
+
+
+def test_bucket_tokens_recover_the_cost_of_a_forward_call() -> None:
+    """A GRPO-shaped pass whose 5 buckets cost 40 positions each beyond the first: the fit
+    finds 40; without the point, or with one bucket, it finds nothing."""
+    from jigsawrl.costmodel.fit import bucket_tokens
+
+    slope, over, adam = 1e-5, 0.05, 0.01
+    raw = {"train_grpo": {"tokens": 3000, "buckets": 5,
+                          "time_s": over + slope * (3000 + 4 * 40) + adam}}
+    assert bucket_tokens(raw, "train", (slope, over), adam) == pytest.approx(40.0)
+    assert bucket_tokens(raw, "logprob", (slope, over), 0.0) is None
+    one = {"train_grpo": {"tokens": 3000, "buckets": 1, "time_s": 1.0}}
+    assert bucket_tokens(one, "train", (slope, over), adam) is None
+    fast = {"train_grpo": {"tokens": 3000, "buckets": 5, "time_s": over + slope * 2000}}
+    assert bucket_tokens(fast, "train", (slope, over), 0.0) == 0.0  # never negative
 
 
 def test_pass_line_separates_per_call_overhead() -> None:

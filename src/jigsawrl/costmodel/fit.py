@@ -202,6 +202,10 @@ def fit_params(model: ModelSpec, raw_by_threads: dict[int, dict[str, Any]]) -> d
     adam = ADAM_BYTES_PER_PARAM * p / mem_bw
     lp_s_per_token, lp_over = pass_line(raw, "logprob", 0.0)
     tr_s_per_token, tr_over = pass_line(raw, "train", adam)
+    buckets = {k: v for k, v in (
+        ("logprob", bucket_tokens(raw, "logprob", (lp_s_per_token, lp_over), 0.0)),
+        ("train", bucket_tokens(raw, "train", (tr_s_per_token, tr_over), adam)))
+        if v is not None}
     rates = {
         Stage.PREFILL: prefill_rate(model, raw[Stage.PREFILL], fit),
         "decode": 1.0 / fit.s_per_flop if fit.s_per_flop > 0 else 0.0,
@@ -225,9 +229,12 @@ def fit_params(model: ModelSpec, raw_by_threads: dict[int, dict[str, Any]]) -> d
         # since the first steps' page faults are gone (docs/BENCHMARKS.md, "First steps")
         "train_shares_prompt": True,
     }
+    if buckets:  # one value for both passes (the cost model's pass_tokens serves both)
+        params["bucket_overhead_tokens"] = statistics.mean(buckets.values())
     accel = {"peak_flops": peak, "hbm_bytes_per_s": mem_bw,
              "host_link_bytes_per_s": mem_bw / 2.0}
-    return {"accelerator": accel, "params": params, "rates_flops_per_s": rates}
+    return {"accelerator": accel, "params": params, "rates_flops_per_s": rates,
+            "bucket_overhead_tokens_by_pass": buckets}
 
 
 def fit_runtime(runtime: dict[str, Any], host_link_bytes_per_s: float | None = None
@@ -286,6 +293,20 @@ def pass_line(raw: dict[str, Any], key: str, fixed_s: float) -> tuple[float, flo
         if slope > 0:
             return slope, max(0.0, t_big - slope * big["tokens"])
     return t_big / big["tokens"], 0.0
+
+
+def bucket_tokens(raw: dict[str, Any], key: str, line: tuple[float, float],
+                  fixed_s: float) -> float | None:
+    """What one more forward call of the shared-prompt forward costs, in positions of the
+    pass's ``line`` (``(seconds per position, fixed seconds)``, :func:`pass_line`): the
+    GRPO-shaped pass's (``raw[key + "_grpo"]``) time beyond what its positions predict, over
+    its calls beyond the profiled line's two (prompts, one bucket). None without that point."""
+    point = raw.get(f"{key}_grpo")
+    slope, over = line
+    if not point or point.get("buckets", 0) < 2 or slope <= 0:
+        return None
+    t = max(point["time_s"] - fixed_s, 0.5 * point["time_s"])
+    return max(0.0, ((t - over) / slope - point["tokens"]) / (point["buckets"] - 1))
 
 
 def _stage_times(raw: dict[str, Any]) -> dict[str, float]:

@@ -121,6 +121,14 @@ class CostParams:
     # for a cause not yet modelled, and the padded count happens to offset it (BENCHMARKS.md,
     # "What a pass computes"). Set it in a profile's params to try the shared count.
     train_shares_prompt: bool = False
+    # With both flags above: what one more forward call of the shared-prompt forward costs (a
+    # response bucket's, or a further micro-batch's prompt call), in positions of the pass's
+    # own line — per-call Python and per-layer launches, and the KV rows repeated for the
+    # bucket's members. `jigsawrl profile` fits it from a GRPO-shaped pass (groups sharing a
+    # prompt, responses of spread lengths); standalone passes at the demo's shapes took 21-32%
+    # longer than the positions alone predict (BENCHMARKS.md, "Speed probe, where a pass's
+    # time goes, and the shared forward's extra calls"). 0 = not modelled (the GPU presets).
+    bucket_overhead_tokens: float = 0.0
     # What running a stage on a pool of worker processes adds beside its compute (the Ray
     # executor on CPU; `jigsawrl profile` measures these through Ray): a driver -> worker ->
     # driver call per stage, and moving the model's fp32 weights (or gradients) between workers
@@ -192,7 +200,8 @@ class CostParams:
             raise ValueError("CostParams.devices_per_node and train_micro_batch_tokens must be >= 1")
         for name in ("eager_iter_overhead_s_per_layer", "reward_s_per_sample",
                      "reward_overhead_s", "state_onload_s", "state_offload_s",
-                     "serial_slice_s", "rollout_setup_s", "stage_gap_s"):
+                     "serial_slice_s", "rollout_setup_s", "stage_gap_s",
+                     "bucket_overhead_tokens"):
             if not getattr(self, name) >= 0.0:
                 raise ValueError(f"CostParams.{name} must be >= 0, got {getattr(self, name)}")
         if not self.offload_bytes_per_s > 0.0:

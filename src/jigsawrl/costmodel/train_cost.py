@@ -81,9 +81,15 @@ class TrainCosts(CostCore):
         for i in range(shards):
             stop = start + base + (1 if i < extra else 0)
             cut = [(lo, min(lo + step, stop)) for lo in range(start, stop, step)]
-            part = sum((hi - lo) * max(seq_lens[lo:hi]) if prompts is None else
-                       _shared_prompt_tokens(seq_lens, prompts, lo, hi, group_size)
-                       for lo, hi in cut)
+            if prompts is None:
+                part = sum((hi - lo) * max(seq_lens[lo:hi]) for lo, hi in cut)
+            else:
+                shared = [shared_prompt_positions(seq_lens, prompts, lo, hi, group_size)
+                          for lo, hi in cut]
+                # forward calls beyond a profiled pass's two (its prompts, one bucket)
+                calls = sum(1 + buckets for _, buckets in shared) - 2
+                part = int(sum(pos for pos, _ in shared)
+                           + max(0, calls) * self.params.bucket_overhead_tokens)
             widest = max(widest, part)
             start = stop
         return widest * n_devices
@@ -243,13 +249,14 @@ class TrainCosts(CostCore):
         return train_flops(model, tokens)
 
 
-def _shared_prompt_tokens(seq_lens: Sequence[int], prompt_lens: Sequence[int], lo: int, hi: int,
-                          group_size: int) -> int:
-    """Positions the shared-prompt forward computes for rows ``lo:hi``: each group's prompt
-    once (padded to the longest prompt), then the responses in length buckets."""
+def shared_prompt_positions(seq_lens: Sequence[int], prompt_lens: Sequence[int], lo: int,
+                            hi: int, group_size: int) -> tuple[int, int]:
+    """``(positions, buckets)`` of the shared-prompt forward over rows ``lo:hi`` (one
+    micro-batch): each group's prompt once (padded to the longest prompt), then the responses in
+    length buckets, one forward call each after the prompts' call."""
     g = max(1, group_size)
     heads = len({i // g for i in range(lo, hi)})
     prompts = heads * max(prompt_lens[lo:hi])
     resp = [max(1, seq_lens[i] - prompt_lens[i]) for i in range(lo, hi)]
-    buckets = sum(len(b) * max(resp[j] for j in b) for b in length_buckets(resp))
-    return prompts + buckets
+    groups = length_buckets(resp)
+    return prompts + sum(len(b) * max(resp[j] for j in b) for b in groups), len(groups)

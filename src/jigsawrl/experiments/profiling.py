@@ -82,6 +82,36 @@ def _train_batch(tok: Any, settings: ProfileSettings) -> Any:
     return build_batch(seqs, adv, tok.pad_token_id)
 
 
+GRPO_GROUP = 8  # rows per prompt in the profile's GRPO-shaped pass
+
+
+def _grpo_batch(tok: Any, settings: ProfileSettings) -> tuple[Any, int, int]:
+    """A GRPO-shaped batch: ``train_seqs`` prompts of ``train_len / 8`` tokens, each with
+    :data:`GRPO_GROUP` responses of spread lengths (``train_len / 32`` to ``train_len / 2``),
+    so that the shared-prompt forward runs several response buckets. Returns the batch, the
+    positions it computes and its bucket count (as the cost model counts them)."""
+    import torch
+
+    from jigsawrl.costmodel.train_cost import shared_prompt_positions
+    from jigsawrl.engine.trainer import build_batch
+
+    rng = np.random.default_rng(settings.seed + 1)
+    low = len(tok.all_special_ids)
+    prompt_len = max(4, settings.train_len // 8)
+    short, long = max(2, settings.train_len // 32), max(4, settings.train_len // 2)
+    seqs = []
+    for _ in range(settings.train_seqs):
+        prompt = rng.integers(low, len(tok), prompt_len).tolist()
+        for _ in range(GRPO_GROUP):
+            n = int(rng.integers(short, long + 1))
+            seqs.append((prompt, rng.integers(low, len(tok), n).tolist(), [1] * n))
+    rows = len(seqs)
+    adv = torch.tensor(rng.standard_normal(rows), dtype=torch.float32)
+    lens = [len(p) + len(r) for p, r, _ in seqs]
+    positions, buckets = shared_prompt_positions(lens, [prompt_len] * rows, 0, rows, GRPO_GROUP)
+    return build_batch(seqs, adv, tok.pad_token_id), positions, buckets
+
+
 def _train_side(model: Any, engine_model: Any, tok: Any,
                 settings: ProfileSettings) -> dict[str, Any]:
     """Median log-prob, update, weight-sync and memcpy times at the current thread count."""
@@ -99,7 +129,11 @@ def _train_side(model: Any, engine_model: Any, tok: Any,
         settings, train_seqs=max(2, settings.train_seqs // 4),
         train_len=max(8, settings.train_len // 2)))
     small.old_logprobs = compute_logprobs(model, small, mb)
+    grpo, grpo_positions, grpo_buckets = _grpo_batch(tok, settings)
+    grpo_mb = settings.train_seqs * GRPO_GROUP  # one micro-batch, as the demo's recipes
+    grpo.old_logprobs = compute_logprobs(model, grpo, grpo_mb)
     trainer = GRPOTrainer(model, GRPOConfig(micro_batch_size=mb))
+    grpo_trainer = GRPOTrainer(model, GRPOConfig(micro_batch_size=grpo_mb))
     engine = RolloutEngine(engine_model, tok)
     src, dst = torch.ones(_MEMCPY_BYTES // 4), torch.empty(_MEMCPY_BYTES // 4)
     reps = settings.repeats
@@ -112,6 +146,11 @@ def _train_side(model: Any, engine_model: Any, tok: Any,
         "train": {"tokens": tokens, "time_s": median_time_s(lambda: trainer.update(batch), reps)},
         "train_small": {"tokens": small_tokens,
                         "time_s": median_time_s(lambda: trainer.update(small), reps)},
+        # positions and buckets as the cost model counts the shared-prompt forward's
+        "logprob_grpo": {"tokens": grpo_positions, "buckets": grpo_buckets, "time_s":
+                         median_time_s(lambda: compute_logprobs(model, grpo, grpo_mb), reps)},
+        "train_grpo": {"tokens": grpo_positions, "buckets": grpo_buckets,
+                       "time_s": median_time_s(lambda: grpo_trainer.update(grpo), reps)},
         Stage.WEIGHT_SYNC: {"params": sum(p.numel() for p in model.parameters()),
                         "time_s": median_time_s(lambda: engine.load_weights(model.state_dict()), reps)},
         "memcpy": {"bytes": _MEMCPY_BYTES, "time_s": median_time_s(lambda: dst.copy_(src), reps + 2)},
@@ -278,6 +317,7 @@ def run_profile(settings: ProfileSettings,
 
     from jigsawrl.engine.allocator import keep_freed_memory
     from jigsawrl.engine.models import build_model
+    from jigsawrl.engine.speedprobe import speed_probe_s
     from jigsawrl.workload.realpresets import engine_model_spec
 
     keep_freed_memory()  # the allocator of the device workers whose costs this profile prices
@@ -285,6 +325,7 @@ def run_profile(settings: ProfileSettings,
     engine_model, tok = build_model(settings.model, seed=settings.seed)
     trainer_model = copy.deepcopy(engine_model)
     before = torch.get_num_threads()
+    probes = [speed_probe_s()]  # the machine's speed now, and again at the end (its drift)
     raw: dict[int, dict[str, Any]] = {}
     try:
         for threads in settings.threads:
@@ -294,4 +335,8 @@ def run_profile(settings: ProfileSettings,
     finally:
         torch.set_num_threads(before)
     runtime = measure_runtime(settings, engine_model) if settings.runtime else None
-    return build_profile(spec, settings, raw, machine_info(with_torch=True), runtime)
+    probes.append(speed_probe_s())
+    machine = machine_info(with_torch=True)
+    machine["speed_probe_s"] = sum(probes) / len(probes)
+    machine["speed_probes_s"] = probes
+    return build_profile(spec, settings, raw, machine, runtime)
