@@ -7,10 +7,13 @@ sooner than the floor, because it relaxes everything a policy controls:
 
 - *per pipeline* (dependency floor): every step's rollout lasts at least as long as its single
   longest request decoded alone (batch 1, whole device, no contention: the fastest an iteration
-  can be in the cost model) plus its prefills and tool waits; the post-rollout stages then run at
-  full share on their fastest device count of the pool. Steps are sequential for sync pipelines.
-  For async pipelines only training is sequential, so the floor is the first rollout plus the
-  sum of training stages.
+  can be in the cost model) plus its prefills and tool waits; the post-rollout stages run at
+  full share on their fastest device count of the pool. A schedule may stream finished groups'
+  log-probs, rewards and a one-epoch update during the rollout (StreamRL), so only the weight
+  sync and a several-epoch update must follow it: a step lasts at least the larger of rollout +
+  that tail and the whole post-rollout chain. Steps are sequential for sync pipelines. For async
+  pipelines only training is sequential: the floor is the larger of the sum of training stages
+  and the first rollout plus every step's tail.
 - *whole pool* (work floor): the compute-bound FLOPs of every log-prob and update pass, spread
   over all devices at the cost model's training efficiency.
 
@@ -81,11 +84,7 @@ def post_chain_floor_s(cost: CostModelProtocol, model: ModelSpec, n: int, tokens
     """Post-rollout stages (reward, old / ref log-probs, update, weight sync) at full share,
     each on its fastest device count in 1..n (communication makes more devices not always
     faster, so the minimum over counts is what bounds every policy)."""
-    counts = sorted({n, *(2 ** i for i in range(n.bit_length()) if 2 ** i <= n)})
-
-    def best(fn: Callable[[int], float]) -> float:
-        return min(fn(k) for k in counts)
-
+    best = _fastest(n)
     t = cost.reward_time_s(samples) + best(lambda k: cost.logprob_time_s(model, k, tokens))
     if use_ref:
         t += best(lambda k: cost.logprob_time_s(model, k, tokens))
@@ -93,18 +92,38 @@ def post_chain_floor_s(cost: CostModelProtocol, model: ModelSpec, n: int, tokens
     return t + best(lambda k: cost.weight_sync_time_s(model, k, tp))
 
 
+def post_tail_floor_s(cost: CostModelProtocol, model: ModelSpec, n: int, tokens: int,
+                      epochs: int, tp: int) -> float:
+    """What of the post-rollout chain no schedule can start before its rollout ends, even one
+    that streams finished groups through the trainer during the rollout (StreamRL,
+    ``sim/stream.py``): the weight sync, and a several-epoch update (its later epochs need the
+    whole batch). Log-probs, rewards and a one-epoch update may all overlap the rollout."""
+    best = _fastest(n)
+    t = best(lambda k: cost.weight_sync_time_s(model, k, tp))
+    return t + (epochs * best(lambda k: cost.train_time_s(model, k, tokens)) if epochs > 1
+                else 0.0)
+
+
+def _fastest(n: int) -> Callable[[Callable[[int], float]], float]:
+    """The minimum of a stage's time over device counts 1, 2, 4, ... and ``n``."""
+    counts = sorted({n, *(2 ** i for i in range(n.bit_length()) if 2 ** i <= n)})
+    return lambda fn: min(fn(k) for k in counts)
+
+
 @dataclass(frozen=True, slots=True)
 class StepFacts:
     """What both bounds need to know about one step of one pipeline.
 
     ``rollout_floor_s``: :func:`rollout_floor_s`; ``post_s``: :func:`post_chain_floor_s` on the
-    whole pool; ``pass_flops``: FLOPs of its log-prob and update passes.
+    whole pool; ``pass_flops``: FLOPs of its log-prob and update passes; ``post_tail_s``:
+    :func:`post_tail_floor_s` (the part of ``post_s`` that must follow the rollout).
     """
 
     requests: tuple[RequestTruth, ...]
     rollout_floor_s: float
     post_s: float
     pass_flops: float
+    post_tail_s: float = 0.0
 
 
 def step_facts(cost: CostModelProtocol, pipe, reqs: Sequence[RequestTruth],  # noqa: ANN001
@@ -117,7 +136,10 @@ def step_facts(cost: CostModelProtocol, pipe, reqs: Sequence[RequestTruth],  # n
     passes = 2 if spec.use_ref else 1
     flops = passes * cost.logprob_flops(m, tokens) + \
         spec.train.ppo_epochs * cost.train_flops(m, tokens)
-    return StepFacts(tuple(reqs), rollout_floor_s(cost, m, spec.rollout_tp, reqs), post, flops)
+    tail = post_tail_floor_s(cost, m, num_devices, tokens, spec.train.ppo_epochs,
+                             spec.rollout_tp)
+    return StepFacts(tuple(reqs), rollout_floor_s(cost, m, spec.rollout_tp, reqs), post, flops,
+                     tail)
 
 
 def staleness(spec) -> int:  # noqa: ANN001
@@ -141,11 +163,14 @@ def floor_from_facts(pipes: Sequence, facts: dict[str, list[StepFacts]],  # noqa
         steps = facts[p.spec.name]
         rolls = [s.rollout_floor_s for s in steps]
         trains = [s.post_s for s in steps]
+        tails = [s.post_tail_s for s in steps]
         work_flops += sum(s.pass_flops for s in steps)
-        if staleness(p.spec):
-            chain = (rolls[0] if rolls else 0.0) + sum(trains)
+        # a schedule may stream a step's passes during its rollout: only the tail must follow
+        if staleness(p.spec):  # training in sequence; every update after the first rollout
+            chain = max(sum(trains), (rolls[0] if rolls else 0.0) + sum(tails))
         else:
-            chain = sum(rolls) + sum(trains)
+            chain = sum(max(r + t, post) for r, t, post in zip(rolls, tails, trains,
+                                                                strict=True))
         dep = max(dep, p.spec.start_s + chain)
     rate = cost.accel.peak_flops * cost.params.train_eff * num_devices
     return max(dep, work_flops / rate)

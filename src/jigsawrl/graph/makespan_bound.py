@@ -42,6 +42,9 @@ no trade-off left to search, and the bound records the width it assumed (``ranks
 
 What it does not cover: a policy that changes a pipeline's TP mid-rollout (re-prefilling a tail
 at a larger TP) decodes at another TP's speed and may beat the bound — the summary then says so;
+so may one that streams finished groups through the trainer during the rollout (StreamRL,
+``sim/stream.py``), since ``dependency`` puts the whole post-rollout chain after the rollout
+(the floor does not: it keeps only what must follow, so no schedule beats the floor);
 truth noise (σ = 0.05) can land a run a few percent under it by luck. The bound measures from
 time 0 of the executor's clock, as the floor: a run where every pipeline arrives late should be
 read against ``bound_s - min(start_s)``.

@@ -41,7 +41,7 @@ Definitions (all times in seconds of the executor's clock; ``N`` = ``num_devices
     makespan_s``; both null, with the reason in ``bound_note``, when the run has no bound (a real
     run: the bound needs the simulator's true requests). ``bound_note`` also says when the
     makespan is *below* ``bound_s`` (``efficiency`` > 1): the run broke an assumption of the bound
-    (a TP change mid-rollout, truth noise). ``bound_terms``: the bound's terms, as computed.
+    (a TP change mid-rollout, passes streamed during the rollout, truth noise). ``bound_terms``: the bound's terms, as computed.
 ``perf/time_per_step``
     mean step latency (below) over the :class:`StepFinished` events of all pipelines.
 ``mean_latency_vs_solo``
@@ -447,8 +447,8 @@ def _bound_metrics(info: RunInfo, makespan: float) -> dict[str, Any]:
         note = NO_BOUND_NOTE
     elif eff is not None and eff > 1.0:
         note = (f"makespan {makespan:.6g} s is below bound_s {bound:.6g} s: the run broke an "
-                "assumption of the bound (a pipeline's TP changed mid-rollout, or truth noise "
-                "made it lucky)") + (f"; {note}" if note else "")
+                "assumption of the bound (a pipeline's TP changed mid-rollout, its passes "
+                "streamed during the rollout, or truth noise made it lucky)") + (f"; {note}" if note else "")
     return {
         "floor_s": floor,
         "efficiency_floor": _div(floor, makespan) if floor is not None else None,
