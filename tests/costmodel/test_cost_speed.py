@@ -8,13 +8,13 @@ import pytest
 
 from jigsawrl.costmodel import CostModel
 from jigsawrl.costmodel.cpu import cpu_worker_params
+from jigsawrl.costmodel.profile import profile_probe_s
 from jigsawrl.costmodel.roofline import CostParams
 from jigsawrl.costmodel.speed import (
     ACCEL_RATES,
     MACHINE_RATES,
     MACHINE_TIMES,
     NOT_MACHINE_TIMES,
-    profile_probe_s,
     slower,
 )
 from jigsawrl.errors import InputError

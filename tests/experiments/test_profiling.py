@@ -182,7 +182,7 @@ def test_quick_profile_end_to_end(tmp_path: Path) -> None:
         "by_transition"]
     assert params.stage_gap_s == pytest.approx(max(gap["gap_s"] - params.call_overhead_s, 0.0))
     # the speed probe, timed at the profile's start and end (engine/speedprobe.py)
-    from jigsawrl.costmodel.speed import profile_probe_s
+    from jigsawrl.costmodel.profile import profile_probe_s
 
     doc = read_profile(out)
     assert len(doc["machine"]["speed_probes_s"]) == 2

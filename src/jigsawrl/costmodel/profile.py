@@ -149,6 +149,19 @@ def load_profile(path: str | Path) -> tuple[AcceleratorSpec, CostParams]:
     return accel, params
 
 
+def profile_probe_s(doc: dict[str, Any], where: str = "profile") -> float | None:
+    """The speed probe's seconds stored in a profile document (``machine.speed_probe_s``,
+    ``engine/speedprobe.py``), or None in a profile written before the probe existed.
+
+    Raises:
+        InputError: a value that is not a positive finite number.
+    """
+    machine = doc.get("machine")
+    if not isinstance(machine, dict) or machine.get("speed_probe_s") is None:
+        return None
+    return _number(machine, "speed_probe_s", f"{where}: machine", positive=True)
+
+
 def load_slowdown_table(path: str | Path) -> dict[str, dict[float, float]]:
     """The measured slowdown table (stage -> {compute share: slowdown}) of a profile.
 

@@ -20,7 +20,6 @@ import math
 from typing import Any
 
 from jigsawrl.costmodel.roofline import CostParams
-from jigsawrl.errors import InputError
 from jigsawrl.workload.accelerators import AcceleratorSpec
 
 ACCEL_RATES: tuple[str, ...] = ("peak_flops", "hbm_bytes_per_s", "host_link_bytes_per_s",
@@ -46,21 +45,3 @@ def slower(accel: AcceleratorSpec, params: CostParams, factor: float
     changes.update({k: getattr(params, k) / factor for k in MACHINE_RATES})
     return a, dataclasses.replace(params, **changes)
 
-
-def profile_probe_s(doc: dict[str, Any], where: str = "profile") -> float | None:
-    """The speed probe's seconds stored in a profile document (``machine.speed_probe_s``), or
-    None in a profile written before the probe existed.
-
-    Raises:
-        InputError: a value that is not a positive finite number.
-    """
-    machine = doc.get("machine")
-    value = machine.get("speed_probe_s") if isinstance(machine, dict) else None
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not (
-            math.isfinite(value) and value > 0):
-        raise InputError(f"'speed_probe_s' must be a number > 0, got {value!r}",
-                         where=f"{where}: machine",
-                         fix="re-run `jigsawrl profile --out <path>` to write a fresh profile")
-    return float(value)

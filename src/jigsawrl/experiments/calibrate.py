@@ -343,8 +343,7 @@ def speed_factor(profile: str | Path | None, measured: Mapping[str, Any]) -> flo
     probes = measured.get("speed_probes_s") or []
     if profile is None or not probes:
         return None
-    from jigsawrl.costmodel.profile import read_profile
-    from jigsawrl.costmodel.speed import profile_probe_s
+    from jigsawrl.costmodel.profile import profile_probe_s, read_profile
 
     base = profile_probe_s(read_profile(profile), where=str(profile))
     return None if base is None else float(np.median(probes)) / base

@@ -34,30 +34,29 @@ def _install() -> None:
 
 @dataclass(slots=True)
 class CallClock:
-    """Wall, process CPU and garbage-collection seconds from :meth:`start` to :meth:`stop`
-    (plus ``pass_s``, the caller's own timing of the model pass inside the call)."""
+    """Process CPU and garbage-collection seconds from :meth:`start` to :meth:`stop` (plus
+    ``pass_s``, the caller's own timing of the model pass inside the call); the call's wall
+    time is its result's own ``t_end - t_start``."""
 
-    wall_s: float = 0.0
     cpu_s: float = 0.0
     gc_s: float = 0.0
     pass_s: float = 0.0
-    _t: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    _t: tuple[float, float] = (0.0, 0.0)
 
     def start(self) -> CallClock:
         _install()
-        self._t = (time.perf_counter(), time.process_time(), _gc_state["total_s"])
+        self._t = (time.process_time(), _gc_state["total_s"])
         return self
 
     def stop(self) -> CallClock:
-        wall, cpu, gcs = self._t
-        self.wall_s = time.perf_counter() - wall
+        cpu, gcs = self._t
         self.cpu_s = time.process_time() - cpu
         self.gc_s = _gc_state["total_s"] - gcs
         return self
 
-    def as_tuple(self) -> tuple[float, float, float, float]:
-        """``(wall_s, cpu_s, gc_s, pass_s)``."""
-        return self.wall_s, self.cpu_s, self.gc_s, self.pass_s
+    def as_tuple(self) -> tuple[float, float, float]:
+        """``(cpu_s, gc_s, pass_s)``."""
+        return self.cpu_s, self.gc_s, self.pass_s
 
 
 class Clocks:
@@ -67,9 +66,11 @@ class Clocks:
     def __init__(self) -> None:
         self._sums: dict[tuple[str, str], list[float]] = {}
 
-    def add(self, pipeline: str, stage: str, reading: tuple[float, float, float, float]) -> None:
+    def add(self, pipeline: str, stage: str, wall_s: float,
+            reading: tuple[float, float, float]) -> None:
+        """One call: its wall seconds and its :meth:`CallClock.as_tuple`."""
         sums = self._sums.setdefault((pipeline, stage), [0.0, 0.0, 0.0, 0.0, 0.0])
-        for i, v in enumerate(reading):
+        for i, v in enumerate((wall_s, *reading)):
             sums[i] += v
         sums[4] += 1
 

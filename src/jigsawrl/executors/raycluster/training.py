@@ -117,7 +117,7 @@ class Training:
             call.replay.done = True
         absolute = pipe.offset + call.step
         if isinstance(res, StageResult) and call.stage in MODEL_PASSES:
-            self.clocks.add(call.pipeline, call.stage, res.clock)
+            self.clocks.add(call.pipeline, call.stage, res.seconds, res.clock)
             # data-parallel helpers: a span on each one's device
             for rank, (dev, helper) in enumerate(zip(call.helpers, res.helpers, strict=False),
                                                  start=1):
