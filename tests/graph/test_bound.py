@@ -44,7 +44,7 @@ class BatchCost:
 
 def pipe(name: str = "p", steps: int = 1, mode: str = "sync", eta: int = 0):  # noqa: ANN201
     spec = SimpleNamespace(name=name, steps=steps, rollout_tp=1, use_ref=True, mode=mode,
-                           max_staleness=eta, start_s=0.0, train=SimpleNamespace(ppo_epochs=1))
+                           batch_size=1, max_staleness=eta, start_s=0.0, train=SimpleNamespace(ppo_epochs=1))
     return SimpleNamespace(spec=spec, model=M)
 
 

@@ -20,6 +20,7 @@ from jigsawrl.scheduler.base import (
     Interrupt,
     Migrate,
     Policy,
+    Regroup,
     RunningTask,
     SetResident,
     SetShare,
@@ -65,6 +66,7 @@ class Driver:
         self.executor = executor
         self.cost = belief_cost
         self.state = DriverState(exp)
+        self.state.can_regroup = bool(getattr(executor, "can_regroup", False))
         self.on_progress = on_progress
         self._events: list[Event] = []
         self._decision_times: list[float] = []
@@ -110,6 +112,8 @@ class Driver:
             return self._set_share(a)
         if isinstance(a, Migrate):
             return self._migrate(a)
+        if isinstance(a, Regroup):
+            return self._regroup(a)
         if isinstance(a, Interrupt):
             self._running(a.task_id)
             self.executor.interrupt(a)
@@ -158,6 +162,32 @@ class Driver:
         ps = self._pipe_of(a.task_id)
         shares = tuple(0.0 if r in a.src_ranks else s for r, s in enumerate(task.rank_shares))
         ps.running[a.task_id] = replace(task, rank_shares=shares)
+        ps.touch()
+        return 1
+
+    def _regroup(self, a: Regroup) -> int:
+        """Re-form ranks of a rollout into one TP group on their devices (none is released)."""
+        task = self._running(a.task_id)
+        live = [r for r in range(len(task.rank_devices)) if task.rank_shares[r] > 0]
+        if not self.state.can_regroup:
+            raise InvariantError(f"{a.task_id}: this executor cannot regroup ranks")
+        if a.dst_rank not in live or not a.src_ranks or a.dst_rank in a.src_ranks or any(
+                r not in live for r in a.src_ranks):
+            raise InvariantError(f"{a.task_id}: bad regroup {a.src_ranks} -> {a.dst_rank} "
+                                 f"(live ranks {live})")
+        ranks = (a.dst_rank, *a.src_ranks)
+        devices = tuple(d for r in ranks for d in task.rank_devices[r])
+        model = self._pipe_of(a.task_id).res.model
+        per = self.exp.config.cluster.accelerators_per_node
+        if len({d // per for d in devices}) > 1 or model.num_heads % len(devices):
+            raise InvariantError(f"{a.task_id}: ranks {ranks} cannot form one TP group of "
+                                 f"{len(devices)} devices (one node, dividing the heads)")
+        self.executor.regroup(a)
+        ps = self._pipe_of(a.task_id)
+        rank_devices = tuple(devices if r == a.dst_rank else devs
+                             for r, devs in enumerate(task.rank_devices))
+        shares = tuple(0.0 if r in a.src_ranks else s for r, s in enumerate(task.rank_shares))
+        ps.running[a.task_id] = replace(task, rank_devices=rank_devices, rank_shares=shares)
         ps.touch()
         return 1
 

@@ -11,7 +11,14 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from jigsawrl.events import Event
-from jigsawrl.scheduler.base import Interrupt, Migrate, SetShare, StartRollout, StartStage
+from jigsawrl.scheduler.base import (
+    Interrupt,
+    Migrate,
+    Regroup,
+    SetShare,
+    StartRollout,
+    StartStage,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +75,11 @@ class Executor(Protocol):
     def migrate(self, action: Migrate) -> None: ...
 
     def interrupt(self, action: Interrupt) -> None: ...
+
+    def regroup(self, action: Regroup) -> None:
+        """Run a :class:`~jigsawrl.scheduler.base.Regroup` (asked only of an executor whose
+        ``can_regroup`` attribute is true; the driver reads it with a False default)."""
+        ...
 
     def busy(self) -> bool:
         """True while any task runs (so that :meth:`advance` can make progress)."""

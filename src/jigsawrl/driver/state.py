@@ -124,6 +124,7 @@ class DriverState:
         # decision changes a few devices of a large pool)
         self._device_views: tuple[DeviceView, ...] = ()
         self._changed: set[int] = set(range(len(self.devices)))
+        self.can_regroup = False  # the executor's (Driver sets it): views tell the policy
 
     def _touch_device(self, dev: DeviceState, resident: bool = False) -> None:
         """Invalidate a device's view (after any change; ``resident``: its states moved)."""
@@ -141,7 +142,8 @@ class DriverState:
             self._device_views = tuple(views)
         return View(now_s, tuple(p.view() for p in self.pipes.values()),
                     self._device_views, self.exp.accelerator,
-                    self.exp.config.cluster.accelerators_per_node, cost)
+                    self.exp.config.cluster.accelerators_per_node, cost,
+                    can_regroup=self.can_regroup)
 
     @property
     def all_finished(self) -> bool:

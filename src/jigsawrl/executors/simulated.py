@@ -23,6 +23,7 @@ from jigsawrl.events import Event
 from jigsawrl.scheduler.base import (
     Interrupt,
     Migrate,
+    Regroup,
     SetShare,
     StartRollout,
     StartStage,
@@ -75,6 +76,9 @@ class SimulatedExecutor:
         self._notes = DriverNotes()
         self._sampler = TruthSampler(seed)
         self.sim = SimCluster(exp.num_devices, truth_cost, self._notes)
+        # Regroup needs whole-device ranks that can re-form: not on devices that run one call
+        # at a time (the model of the Ray CPU workers, which cannot regroup either).
+        self.can_regroup = self.sim.gates is None
 
     # ------------------------------------------------------------------ protocol
     @property
@@ -108,6 +112,10 @@ class SimulatedExecutor:
     def migrate(self, action: Migrate) -> None:
         """Move the unfinished requests of ``src_ranks`` onto ``dst_rank`` (re-prefill there)."""
         self.sim.migrate(action.task_id, action.src_ranks, action.dst_rank)
+
+    def regroup(self, action: Regroup) -> None:
+        """Re-form ranks into one TP group (sim/rollout_regroup.py)."""
+        self.sim.regroup(action.task_id, action.src_ranks, action.dst_rank)
 
     def interrupt(self, action: Interrupt) -> None:
         """Abort and resume in place every in-flight request of a rollout (AReaL on new weights)."""

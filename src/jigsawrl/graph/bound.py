@@ -7,13 +7,16 @@ sooner than the floor, because it relaxes everything a policy controls:
 
 - *per pipeline* (dependency floor): every step's rollout lasts at least as long as its single
   longest request decoded alone (batch 1, whole device, no contention: the fastest an iteration
-  can be in the cost model) plus its prefills and tool waits; the post-rollout stages run at
+  can be in the cost model, at the rollout's TP or any wider degree a regroup of its ranks can
+  reach on the pool) plus its prefills and tool waits; the post-rollout stages run at
   full share on their fastest device count of the pool. A schedule may stream finished groups'
   log-probs, rewards and a one-epoch update during the rollout (StreamRL), so only the weight
   sync and a several-epoch update must follow it: a step lasts at least the larger of rollout +
   that tail and the whole post-rollout chain. Steps are sequential for sync pipelines. For async
   pipelines only training is sequential: the floor is the larger of the sum of training stages
-  and the first rollout plus every step's tail.
+  and the first training batch plus every step's tail (the first batch: the first rollout, or
+  the ``batch_size`` fastest groups of the rollouts before the first update, which is what a
+  first-B batcher such as AReaL's trains on).
 - *whole pool* (work floor): the compute-bound FLOPs of every log-prob and update pass, spread
   over all devices at the cost model's training efficiency.
 
@@ -36,23 +39,39 @@ from jigsawrl.workload.models import ModelSpec
 from jigsawrl.workload.requests import RequestTruth
 
 
+def regroup_tps(tp: int, num_heads: int, n_devices: int) -> tuple[int, ...]:
+    """The TP degrees a rollout's ranks of ``tp`` devices can be regrouped into on a pool of
+    ``n_devices`` (powers of two above ``tp`` dividing the heads; ``Regroup`` in
+    :mod:`jigsawrl.scheduler.base`): what the floor must allow a tail to run at."""
+    out, k = [], 2
+    while k <= n_devices:
+        if k > tp and num_heads % k == 0:
+            out.append(k)
+        k *= 2
+    return tuple(out)
+
+
 def request_floor_s(cost: CostModelProtocol, model: ModelSpec, tp: int,
-                    req: RequestTruth) -> float:
-    """The fastest one request can complete: alone, whole devices, no contention."""
-    t = cost.prefill_time_s(model, tp, req.prompt_tokens, 0, 1.0)
+                    req: RequestTruth, wider: Sequence[int] = ()) -> float:
+    """The fastest one request can complete: alone, whole devices, no contention; each prefill
+    and decode at the fastest of ``tp`` and the ``wider`` degrees a regroup can reach."""
+    tps = (tp, *wider)
+    t = min(cost.prefill_time_s(model, k, req.prompt_tokens, 0, 1.0) for k in tps)
     ctx = req.prompt_tokens
     for turn in req.turns:
-        t += cost.decode_span_time_s(model, tp, 1, ctx, turn.response_tokens, 1.0)
+        t += min(cost.decode_span_time_s(model, k, 1, ctx, turn.response_tokens, 1.0)
+                 for k in tps)
         ctx += turn.response_tokens
         if turn.tool_result_tokens:
             t += turn.tool_latency_s
-            t += cost.prefill_time_s(model, tp, turn.tool_result_tokens, ctx, 1.0)
+            t += min(cost.prefill_time_s(model, k, turn.tool_result_tokens, ctx, 1.0)
+                     for k in tps)
             ctx += turn.tool_result_tokens
     return t
 
 
 def rollout_floor_s(cost: CostModelProtocol, model: ModelSpec, tp: int,
-                    reqs: Sequence[RequestTruth]) -> float:
+                    reqs: Sequence[RequestTruth], wider: Sequence[int] = ()) -> float:
     """``max`` of :func:`request_floor_s` over a step's requests (0 for none).
 
     A single-turn request's floor grows with its prompt and its response (prefill and decode
@@ -62,7 +81,7 @@ def rollout_floor_s(cost: CostModelProtocol, model: ModelSpec, tp: int,
     single = [r for r in reqs if len(r.turns) == 1]
     multi = [r for r in reqs if len(r.turns) != 1]
     cands = multi + pareto_front(single)
-    return max((request_floor_s(cost, model, tp, r) for r in cands), default=0.0)
+    return max((request_floor_s(cost, model, tp, r, wider) for r in cands), default=0.0)
 
 
 def pareto_front(reqs: Sequence[RequestTruth]) -> list[RequestTruth]:
@@ -116,7 +135,9 @@ class StepFacts:
 
     ``rollout_floor_s``: :func:`rollout_floor_s`; ``post_s``: :func:`post_chain_floor_s` on the
     whole pool; ``pass_flops``: FLOPs of its log-prob and update passes; ``post_tail_s``:
-    :func:`post_tail_floor_s` (the part of ``post_s`` that must follow the rollout).
+    :func:`post_tail_floor_s` (the part of ``post_s`` that must follow the rollout);
+    ``group_floors_s``: the floor of each of its GRPO groups (its slowest request), sorted —
+    kept only for the steps an async pipeline's first training batch can draw from.
     """
 
     requests: tuple[RequestTruth, ...]
@@ -124,11 +145,13 @@ class StepFacts:
     post_s: float
     pass_flops: float
     post_tail_s: float = 0.0
+    group_floors_s: tuple[float, ...] = ()
 
 
 def step_facts(cost: CostModelProtocol, pipe, reqs: Sequence[RequestTruth],  # noqa: ANN001
-               num_devices: int) -> StepFacts:
-    """:class:`StepFacts` of one step of ``pipe`` (``.spec``, ``.model``) with requests ``reqs``."""
+               num_devices: int, groups: bool = False) -> StepFacts:
+    """:class:`StepFacts` of one step of ``pipe`` (``.spec``, ``.model``) with requests ``reqs``
+    (``groups``: with its group floors)."""
     spec, m = pipe.spec, pipe.model
     tokens = sum(r.total_tokens for r in reqs)
     post = post_chain_floor_s(cost, m, num_devices, tokens, len(reqs), spec.use_ref,
@@ -138,8 +161,14 @@ def step_facts(cost: CostModelProtocol, pipe, reqs: Sequence[RequestTruth],  # n
         spec.train.ppo_epochs * cost.train_flops(m, tokens)
     tail = post_tail_floor_s(cost, m, num_devices, tokens, spec.train.ppo_epochs,
                              spec.rollout_tp)
-    return StepFacts(tuple(reqs), rollout_floor_s(cost, m, spec.rollout_tp, reqs), post, flops,
-                     tail)
+    wider = regroup_tps(spec.rollout_tp, m.num_heads, num_devices)
+    floors: dict[str, float] = {}
+    for r in reqs if groups else ():
+        key = r.sample_id.rsplit("/", 1)[0]  # the prompt a sample answers (its group)
+        floors[key] = max(floors.get(key, 0.0),
+                          request_floor_s(cost, m, spec.rollout_tp, r, wider))
+    return StepFacts(tuple(reqs), rollout_floor_s(cost, m, spec.rollout_tp, reqs, wider), post,
+                     flops, tail, tuple(sorted(floors.values())))
 
 
 def staleness(spec) -> int:  # noqa: ANN001
@@ -150,8 +179,21 @@ def staleness(spec) -> int:  # noqa: ANN001
 def pipeline_facts(pipes: Sequence, steps_requests: Callable[[object, int], list],  # noqa: ANN001
                    cost: CostModelProtocol, num_devices: int) -> dict[str, list[StepFacts]]:
     """:class:`StepFacts` of every step of every pipeline, keyed by pipeline name."""
-    return {p.spec.name: [step_facts(cost, p, steps_requests(p, k), num_devices)
+    return {p.spec.name: [step_facts(cost, p, steps_requests(p, k), num_devices,
+                                     groups=k <= staleness(p.spec) and staleness(p.spec) > 0)
                           for k in range(p.spec.steps)] for p in pipes}
+
+
+def first_batch_floor_s(spec, steps: Sequence[StepFacts]) -> float:  # noqa: ANN001
+    """The earliest an async pipeline's first training batch can be complete: its first
+    rollout's floor, or — since a first-B batcher (AReaL, ``sim/batching.py``) takes the first
+    ``batch_size`` groups to finish from any rollout running before the first update — the
+    ``batch_size``-th fastest group floor of those rollouts, if lower."""
+    first = steps[0].rollout_floor_s if steps else 0.0
+    pooled = sorted(f for s in steps[:staleness(spec) + 1] for f in s.group_floors_s)
+    if len(pooled) >= spec.batch_size > 0:
+        first = min(first, pooled[spec.batch_size - 1])
+    return first
 
 
 def floor_from_facts(pipes: Sequence, facts: dict[str, list[StepFacts]],  # noqa: ANN001
@@ -166,8 +208,8 @@ def floor_from_facts(pipes: Sequence, facts: dict[str, list[StepFacts]],  # noqa
         tails = [s.post_tail_s for s in steps]
         work_flops += sum(s.pass_flops for s in steps)
         # a schedule may stream a step's passes during its rollout: only the tail must follow
-        if staleness(p.spec):  # training in sequence; every update after the first rollout
-            chain = max(sum(trains), (rolls[0] if rolls else 0.0) + sum(tails))
+        if staleness(p.spec):  # training in sequence; every update after the first batch
+            chain = max(sum(trains), first_batch_floor_s(p.spec, steps) + sum(tails))
         else:
             chain = sum(max(r + t, post) for r, t, post in zip(rolls, tails, trains,
                                                                 strict=True))

@@ -10,6 +10,7 @@ the all-ranks edge into ``reward`` is the long-tail barrier the paper attacks.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from jigsawrl.costmodel.protocol import CostModelProtocol
@@ -41,14 +42,19 @@ def split_ranks(requests: list[RequestTruth], n_ranks: int) -> list[list[Request
             for r in range(n_ranks)]
 
 
-def rank_segments(inst: RolloutInstance) -> list[tuple[str, float, float, int]]:
+def rank_segments(inst: RolloutInstance, *, t0: float = 0.0,
+                  stop: Callable[[float, RolloutInstance], bool] | None = None,
+                  ) -> list[tuple[str, float, float, int]]:
     """Run one instance alone to completion at full share: ``(kind, start, end, tokens)``.
+
+    From time ``t0``; ``stop``: asked after each segment that leaves no tool call out, with the
+    time and the instance; true stops there (the instance keeps its state, to be run on).
 
     Mirrors the simulated executor exactly: a tool result arriving during a decode segment
     interrupts it (the request joins at the next iteration); one arriving during a prefill waits
     for the prefill to end; while nothing is runnable the worker is in ``tool_wait``.
     """
-    t = 0.0
+    t = t0
     out: list[tuple[str, float, float, int]] = []
     tools: list[tuple[float, int, ReqRun]] = []
     seq = 0
@@ -72,6 +78,8 @@ def rank_segments(inst: RolloutInstance) -> list[tuple[str, float, float, int]]:
         for r in res.tool_calls:
             heapq.heappush(tools, (t + r.truth.turns[r.turn - 1].tool_latency_s, seq, r))
             seq += 1
+        if stop is not None and not tools and not inst.done and stop(t, inst):
+            break
     return out
 
 

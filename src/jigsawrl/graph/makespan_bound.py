@@ -40,11 +40,16 @@ any term that holds under migration and co-location (ranks that drain give their
 jigsaw consolidates tails; a decode co-located with a pass keeps most of its speed). So there is
 no trade-off left to search, and the bound records the width it assumed (``ranks``).
 
-What it does not cover: a policy that changes a pipeline's TP mid-rollout (re-prefilling a tail
-at a larger TP) decodes at another TP's speed and may beat the bound — the summary then says so;
+What it does not cover: a policy that changes a pipeline's TP mid-rollout (jigsaw's tail
+regroup, ``Regroup`` in :mod:`jigsawrl.scheduler.base`: a tail re-prefilled on a wider TP group)
+decodes at another TP's speed and may beat the bound — the summary then says so (the floor
+allows for it: its longest request may decode at any TP a regroup reaches);
 so may one that streams finished groups through the trainer during the rollout (StreamRL,
 ``sim/stream.py``), since ``dependency`` puts the whole post-rollout chain after the rollout
-(the floor does not: it keeps only what must follow, so no schedule beats the floor);
+(the floor does not: it keeps only what must follow, so no schedule beats the floor); so may
+an async pipeline whose batches are the first ``batch_size`` groups to finish from any running
+rollout (AReaL's first-B, ``sim/batching.py``): its step ``k`` is not trained on step ``k``'s
+rollout, which ``dependency`` assumes (the floor allows for it);
 truth noise (σ = 0.05) can land a run a few percent under it by luck. The bound measures from
 time 0 of the executor's clock, as the floor: a run where every pipeline arrives late should be
 read against ``bound_s - min(start_s)``.

@@ -17,6 +17,7 @@ from jigsawrl.scheduler.base import (  # noqa: F401
     Interrupt,
     Migrate,
     Policy,
+    Regroup,
     SetResident,
     SetShare,
     StartRollout,

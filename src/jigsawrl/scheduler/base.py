@@ -118,6 +118,20 @@ class Migrate:
 
 
 @dataclass(frozen=True, slots=True)
+class Regroup:
+    """Tail speed-up (issue 11, item 4): abort the unfinished requests of ``dst_rank`` and
+    ``src_ranks`` of a running rollout and resume them all on one tensor-parallel group formed of
+    those ranks' devices, which ``dst_rank`` then spans. A decode step of a short tail is bound by
+    reading the weights, so a wider group runs it faster; the price is the re-prefill of every
+    moved context on the new group and its engine's wake-up (the executor charges both). The
+    devices stay the rollout's; only an executor whose ``can_regroup`` is true accepts it."""
+
+    task_id: str
+    src_ranks: tuple[int, ...]
+    dst_rank: int
+
+
+@dataclass(frozen=True, slots=True)
 class Interrupt:
     """AReaL's interruptible generation: abort every in-flight request of a rollout and resume it
     in place (re-prefill) — what happens when new weights arrive mid-rollout."""
@@ -139,7 +153,7 @@ class SetResident:
     bytes_per_device: float
 
 
-Action = StartRollout | StartStage | SetShare | SetResident | Migrate | Interrupt
+Action = StartRollout | StartStage | SetShare | SetResident | Migrate | Regroup | Interrupt
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,6 +249,7 @@ class View:
     accelerator: AcceleratorSpec
     accelerators_per_node: int
     cost: CostModelProtocol  # the belief cost model (noise-free)
+    can_regroup: bool = False  # the executor runs Regroup actions (re-formed TP groups)
 
 
 # ---------------------------------------------------------------------------- registry

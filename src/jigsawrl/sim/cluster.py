@@ -114,6 +114,12 @@ class SimCluster:
         self.rollouts.migrate(tid, src_ranks, dst_rank)
         self._settle()
 
+    def regroup(self, tid: str, src_ranks: tuple[int, ...], dst_rank: int) -> None:
+        """Resume the unfinished requests of ``dst_rank`` and ``src_ranks`` on one TP group of
+        all their devices (sim/rollout_regroup.py)."""
+        self.rollouts.regroup(tid, src_ranks, dst_rank)
+        self._settle()
+
     def interrupt(self, tid: str) -> None:
         """Abort and resume in place every in-flight request of rollout ``tid``."""
         self.rollouts.interrupt(tid)

@@ -45,6 +45,9 @@ class WorkerCallsMixin:
         if rank.setup_due:  # a worker's fresh engine and requests first
             rank.setup_due = False
             extra += self.setup_s / rate
+        if rank.wake_s:  # a regrouped rank's new engine (sim/rollout_regroup.py)
+            extra += rank.wake_s
+            rank.wake_s = 0.0
         if rank.calls_due:  # it resumes in a new call (after tools, after a yield)
             extra += rank.calls_due * self.gap_s
             rank.calls_due = 0

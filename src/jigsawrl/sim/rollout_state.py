@@ -50,6 +50,7 @@ class RankRun:
     # serial devices: calls on its worker its next segment resumes in (after tool waits, after
     # yielding to another call); that segment waits a stage gap for each
     calls_due: int = 0
+    wake_s: float = 0.0  # after a regroup: its new engine's wake-up, before its next segment
 
 
 @dataclass(slots=True, eq=False)
@@ -64,3 +65,4 @@ class RolloutTask:
     first_b: bool = False  # AReaL: done when the pipeline's first B groups finished
     closed: bool = False  # done (first-B: its leftovers wait here until the next rollout)
     groups: GroupTracker | None = None  # streaming: its finished groups go to the trainer
+    kv_mem_bytes: float = 0.0  # per device, reserved for KV (a regrouped rank's budget)

@@ -27,6 +27,7 @@ from jigsawrl.sim.rollout import ReqRun, RolloutInstance, Segment, SegmentResult
 from jigsawrl.sim.rollout_calls import WorkerCallsMixin
 from jigsawrl.sim.rollout_first_b import FirstBatchMixin
 from jigsawrl.sim.rollout_gates import GatedRanksMixin
+from jigsawrl.sim.rollout_regroup import RegroupMixin
 from jigsawrl.sim.rollout_state import DONE_BAND, OpenSpan, RankRun, RolloutTask
 from jigsawrl.sim.stream import StreamRuntime
 from jigsawrl.stages import Stage
@@ -39,7 +40,7 @@ __all__ = ["DONE_BAND", "RolloutRuntime"]
 
 
 # GatedRanksMixin comes first: it defines _ungate, which FirstBatchMixin uses.
-class RolloutRuntime(GatedRanksMixin, FirstBatchMixin, WorkerCallsMixin):
+class RolloutRuntime(GatedRanksMixin, FirstBatchMixin, WorkerCallsMixin, RegroupMixin):
     """Runs rollout tasks on the event queue (see the module docstring).
 
     Args:
@@ -83,7 +84,7 @@ class RolloutRuntime(GatedRanksMixin, FirstBatchMixin, WorkerCallsMixin):
         streaming of finished groups into a trainer on those devices (:mod:`.stream`).
         """
         kv_tokens = self.cost.kv_budget_tokens(pipe.model, tp, kv_mem_bytes)
-        task = RolloutTask(tid, pipe, step, [], first_b=first_b)
+        task = RolloutTask(tid, pipe, step, [], first_b=first_b, kv_mem_bytes=kv_mem_bytes)
         for r, chunk in enumerate(chunks):
             inst = RolloutInstance(f"{tid}/{r}", pipe.model, tp, self.cost,
                                    kv_budget_tokens=max(1, kv_tokens))

@@ -73,7 +73,15 @@ from jigsawrl.executors.raycluster.recovery import Recovery
 from jigsawrl.executors.raycluster.residency import Residency
 from jigsawrl.executors.raycluster.slices import Rollouts, rollout_band
 from jigsawrl.executors.raycluster.training import Training
-from jigsawrl.scheduler.base import Interrupt, Migrate, SetShare, StartRollout, StartStage, task_id
+from jigsawrl.scheduler.base import (
+    Interrupt,
+    Migrate,
+    Regroup,
+    SetShare,
+    StartRollout,
+    StartStage,
+    task_id,
+)
 from jigsawrl.stages import MODEL_PASSES, Stage
 from jigsawrl.workload.experiment import Experiment
 
@@ -301,6 +309,13 @@ class RayExecutor:
     def migrate(self, action: Migrate) -> None:
         """Abort the source ranks' unfinished requests and resume them on ``dst_rank``."""
         self.rollouts.migrate(action)
+
+    # A worker's engine is built for one TP degree and a CPU worker is one device: re-formed TP
+    # groups (Regroup) are not run here, so views tell policies not to ask (issue 14, item 2).
+    can_regroup = False
+
+    def regroup(self, action: Regroup) -> None:
+        raise NotImplementedError(f"{action.task_id}: the Ray executor cannot regroup ranks")
 
     def interrupt(self, action: Interrupt) -> None:
         """Every rank reloads the newest weights at its next slice (AReaL's interruption)."""

@@ -25,6 +25,12 @@ How it decides (every decision point; DESIGN.md §2):
    ``ceil(U / tail_batch)`` ranks (abort + re-prefill at the destination); ranks that drained are
    released at once. Freed devices run other pipelines' work: a compute-bound stage then runs on
    the free devices at full share when that beats sharing every device with the tail.
+   **Faster tails** (``tail_tp``, :mod:`.regroup`): while no stage waits for devices, a small
+   tail is instead re-formed on one TP group spanning its ranks' devices (drained ranks are held
+   for it meanwhile) when the belief cost model says the tail ends sooner after the re-prefill
+   and the new engine's wake-up; the width planner's forecast replays it. Only where the
+   executor can (``View.can_regroup``: the simulator on GPU-style pools; not the Ray CPU
+   workers).
 5. **Look-ahead.** Candidate actions — start a ready compute stage now (paired at the chosen
    split), defer it, or start another pipeline's stage first — are scored by forecasting the next
    ``depth`` events with the belief cost model (:mod:`.forecast`); ``depth=0`` is ``greedy``.
@@ -46,7 +52,7 @@ through them in this order, predictions being asked for throughout):
 - :mod:`.planner`, :mod:`.widths`, :mod:`.plan_forecast` — rollout widths by critical path;
 - :mod:`.residency` — the memory plan (engine KV slices) and the train states' onload/offload;
 - :mod:`.board` — the decision's board: who holds which device, at what share, memory free;
-- :mod:`.tail` — long-tail migration (4);
+- :mod:`.tail` — long-tail migration (4), and :mod:`.regroup`, the tail's wider TP group;
 - :mod:`.placement` — rollout widths and devices, the devices of a compute stage (1, 2);
 - :mod:`.lookahead` and :mod:`.forecast` — scoring the candidate compute starts (5);
 - :mod:`.shares` — the compute split of every device and the share actions (3);

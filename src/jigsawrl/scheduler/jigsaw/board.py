@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from jigsawrl.scheduler.base import Migrate, RunningTask, View
+from jigsawrl.scheduler.base import Migrate, Regroup, RunningTask, View
 from jigsawrl.stages import HOST_STAGES, Stage
 
 MEM_HEADROOM = 2e9  # bytes per device kept free (allocator fragmentation, CUDA context)
@@ -176,6 +176,14 @@ class Board:
         keep = [i for i, r in enumerate(idx) if r not in m.src_ranks]
         self.ranks[m.task_id] = [self.ranks[m.task_id][i] for i in keep]
         self.rank_idx[m.task_id] = [idx[i] for i in keep]
+
+    def regroup_ranks(self, g: Regroup) -> None:
+        """A regroup's ranks become one rank on all their devices (the rollout keeps them)."""
+        idx, ranks = self.rank_idx[g.task_id], self.ranks[g.task_id]
+        merged = tuple(d for r in (g.dst_rank, *g.src_ranks) for d in ranks[idx.index(r)])
+        keep = [i for i, r in enumerate(idx) if r not in g.src_ranks]
+        self.ranks[g.task_id] = [merged if idx[i] == g.dst_rank else ranks[i] for i in keep]
+        self.rank_idx[g.task_id] = [idx[i] for i in keep]
 
 
 def build_board(view: View) -> Board:

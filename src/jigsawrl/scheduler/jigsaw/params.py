@@ -15,7 +15,7 @@ class JigsawParams:
     Args:
         depth: look-ahead depth in forecast events (0: ``greedy``, the first candidate).
         migration: move long tails onto fewer ranks and release ranks that drained (off:
-            neither).
+            neither, and no regroup either: every tail action is off).
         dynamic_shares: pick compute splits from the slowdown table (else equal splits).
         max_colocated: rollout engines of different pipelines per device.
         tail_requests: a rollout with at most this many unfinished requests is a tail.
@@ -25,6 +25,9 @@ class JigsawParams:
         max_train_states: train states on the devices at once.
         plan_widths: choose each rollout's width by critical path (:mod:`.planner`; off: every
             rollout takes a fair share of the pool, the ablation of planned widths).
+        tail_tp: re-form a small tail on one wider TP group when it ends sooner for it
+            (:mod:`.regroup`; only where the executor can, and never while a stage waits for
+            devices; off: the ablation).
         fallback: run the best verl placement instead when it is predicted to finish sooner
             (:mod:`.fallback`; off: always jigsaw's own plan).
 
@@ -43,6 +46,7 @@ class JigsawParams:
     max_train_states: int = 1
     plan_widths: bool = True
     fallback: bool = True
+    tail_tp: bool = True
 
     def __post_init__(self) -> None:
         if (self.depth < 0 or self.max_colocated < 1 or self.tail_batch < 1

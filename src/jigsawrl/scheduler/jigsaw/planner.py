@@ -102,7 +102,8 @@ class WidthPlanner:
     def make_plan(self, view: View) -> WidthPlan:
         """Search the widths (module docstring) for the pipelines still running."""
         if self.timer is None:
-            self.timer = WidthTimer(self.params.history_window, self.residency.kv_mem)
+            self.timer = WidthTimer(self.params.history_window, self.residency.kv_mem,
+                                    self.params.tail_requests if self.params.tail_tp else 0)
         live = [p for p in view.pipelines if not p.finished]
         n = len(view.devices)
         scale = self._scale(live)

@@ -60,12 +60,13 @@ class JigsawPolicy(PolicyBase):
                  max_colocated: int = 1, tail_requests: int = 128, tail_batch: int = 64,
                  history_window: int = 3, min_rollout_fraction: float = 0.5,
                  max_train_states: int = 1, plan_widths: bool = True, fallback: bool = True,
-                 name: str = "jigsaw") -> None:
+                 tail_tp: bool = True, name: str = "jigsaw") -> None:
         self.params = JigsawParams(
             depth=depth, migration=migration, dynamic_shares=dynamic_shares,
             max_colocated=max_colocated, tail_requests=tail_requests, tail_batch=tail_batch,
             history_window=history_window, min_rollout_fraction=min_rollout_fraction,
-            max_train_states=max_train_states, plan_widths=plan_widths, fallback=fallback)
+            max_train_states=max_train_states, plan_widths=plan_widths, fallback=fallback,
+            tail_tp=tail_tp)
         self.name = name
         self.choice: PlanChoice | None = None  # what the first decision chose, and why
         self._delegate: Policy | None = None  # the verl placement run instead, if any
@@ -83,7 +84,8 @@ class JigsawPolicy(PolicyBase):
     def report(self) -> dict[str, Any]:
         """What ran (jigsaw's plan or the verl placement it fell back to) and the predicted
         makespans it chose between; what the look-ahead did (issue 11 item 3)."""
-        out: dict[str, Any] = {"lookahead": asdict(self.lookahead.stats)}
+        out: dict[str, Any] = {"lookahead": asdict(self.lookahead.stats),
+                               "regroups": self.tail.regroup.count}
         if self.choice is not None:
             out["plan"] = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
                            for k, v in asdict(self.choice).items()}

@@ -4,7 +4,9 @@ When a rollout's unfinished requests shrink to a tail spread over more ranks tha
 can be moved onto fewer ranks (abort + re-prefill at the destination) so that the freed devices
 run another pipeline's compute stage alone. Ranks that drained are always released (nothing
 moves). Consolidation is taken only when the compute stage's gain beats the re-prefill and the
-slower consolidated tail, both estimated with the belief cost model.
+slower consolidated tail, both estimated with the belief cost model. When no stage waits for
+devices, a small tail may instead be re-formed on one wider TP group (:mod:`.regroup`), drained
+ranks being held for it meanwhile.
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from jigsawrl.scheduler.base import Action, Migrate, PipelineView, RunningTask, View
+from jigsawrl.scheduler.base import Action, Migrate, PipelineView, Regroup, RunningTask, View
 from jigsawrl.scheduler.jigsaw.board import Board
 from jigsawrl.scheduler.jigsaw.params import JigsawParams
 from jigsawrl.scheduler.jigsaw.prediction import StepPredictions
+from jigsawrl.scheduler.jigsaw.regroup import TailRegroup
 from jigsawrl.scheduler.jigsaw.residency import Residency
 from jigsawrl.scheduler.jigsaw.shares import compute_split
 from jigsawrl.stages import MODEL_PASSES, Stage
@@ -48,6 +51,7 @@ class TailMigration:
         self._memo: dict[str, tuple[tuple[object, ...], list[Migrate]]] = {}
         self._capacity: dict[tuple[str, float], int] = {}
         self._waiting = True  # what the last decision's _compute_waiting said
+        self.regroup = TailRegroup(params.tail_tp)
 
     def wakes(self, t: RunningTask, counts: Sequence[int]) -> bool:
         """Could :meth:`migrate` act on rollout ``t`` with ``counts`` unfinished per rank? The
@@ -58,8 +62,12 @@ class TailMigration:
         live = [r for r, s in enumerate(t.rank_shares) if s > 0]
         per_rank = self._capacity.get((t.pipeline, self.residency.kv_mem))
         state = self._tail_state(t, live, counts, self._waiting, per_rank or 1)
+        if state is None:
+            return False
+        if self.regroup.holding(t):  # drained ranks are held: wake when one more drains
+            return state[0] or self.regroup.wakes(t, counts, live)
         # a capacity not worked out yet: let the decision see
-        return state is not None and (per_rank is None or state[0] or bool(state[2]))
+        return per_rank is None or state[0] or bool(state[2])
 
     def _tail_state(self, t: RunningTask, live: Sequence[int], counts: Sequence[int],
                     waiting: bool, per_rank: int) -> tuple[bool, int, tuple[int, ...]] | None:
@@ -83,15 +91,20 @@ class TailMigration:
         live_tasks = {t.task_id for pv in view.pipelines for t in pv.running}
         for tid in [k for k in self._memo if k not in live_tasks]:
             del self._memo[tid]
+        self.regroup.forget(live_tasks)
+        regroup = self.regroup.active(view)
         for pv in view.pipelines:
             per_rank = 0
             for t in pv.running:
                 if t.stage != Stage.ROLLOUT or t.task_id not in b.ranks:
                     continue
                 per_rank = per_rank or self._tail_capacity(view, pv)
-                for act in self._tail_actions(view, pv, t, b, waiting, per_rank):
+                for act in self._tail_actions(view, pv, t, b, waiting, per_rank, regroup):
                     actions.append(act)
-                    b.release_ranks(act)
+                    if isinstance(act, Regroup):
+                        b.regroup_ranks(act)
+                    else:
+                        b.release_ranks(act)
         return actions
 
     def _compute_waiting(self, view: View, b: Board) -> bool:
@@ -118,7 +131,7 @@ class TailMigration:
         return max(1, min(self.params.tail_batch, kv // worst))
 
     def _tail_actions(self, view: View, pv: PipelineView, t: RunningTask, b: Board,
-                      waiting: bool, per_rank: int) -> list[Migrate]:
+                      waiting: bool, per_rank: int, regroup: bool) -> list[Migrate | Regroup]:
         """The task's migrations; remembered while its inputs stay the same, unless they were
         weighed by :meth:`_worth_moving` (which reads the clock and the other pipelines)."""
         key = (t.unfinished_per_rank, len(t.rank_devices), tuple(b.rank_idx[t.task_id]),
@@ -127,7 +140,7 @@ class TailMigration:
         if memo is not None and memo[0] == key:
             return list(memo[1])
         weighed: list[bool] = []
-        out = self._find_tail_actions(view, pv, t, b, waiting, per_rank, weighed)
+        out = self._find_tail_actions(view, pv, t, b, waiting, per_rank, weighed, regroup)
         if weighed:
             self._memo.pop(t.task_id, None)
         else:
@@ -135,7 +148,8 @@ class TailMigration:
         return out
 
     def _find_tail_actions(self, view: View, pv: PipelineView, t: RunningTask, b: Board,
-                           waiting: bool, per_rank: int, weighed: list[bool]) -> list[Migrate]:
+                           waiting: bool, per_rank: int, weighed: list[bool],
+                           regroup: bool) -> list[Migrate | Regroup]:
         live = b.rank_idx[t.task_id]
         counts = t.unfinished_per_rank
         state = self._tail_state(t, live, counts, waiting, per_rank)
@@ -148,6 +162,14 @@ class TailMigration:
             busy = sorted((r for r in live if left[r] > 0), key=lambda r: -left[r])
             if self._worth_moving(view, pv, t, busy, keep):
                 return pack(busy, left, keep, per_rank, t.task_id, live)
+        if regroup and not waiting:
+            weighed.append(True)  # reads the clock, contexts and the other pipelines
+            act = self.regroup.plan(view, pv, t, live, self.params.tail_requests,
+                                    self.residency.kv_mem)
+            if act is not None:
+                return [act]
+            if drained and self.regroup.hold(view, t):
+                return []
         if drained:  # release idle ranks (no cost: nothing moves) onto the fullest rank
             return [Migrate(t.task_id, drained, max(live, key=lambda r: counts[r]))]
         return []

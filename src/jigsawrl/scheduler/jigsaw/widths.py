@@ -27,6 +27,7 @@ import math
 from jigsawrl.graph.build import post_rollout_stages, rank_segments
 from jigsawrl.graph.predict import HistoryPredictor
 from jigsawrl.scheduler.base import PipelineView, View
+from jigsawrl.scheduler.jigsaw.regroup import replay_s, widest_tp
 from jigsawrl.scheduler.verl_placements import pipeline_resident_bytes, prior_requests
 from jigsawrl.sim.rollout import RolloutInstance
 from jigsawrl.stages import MODEL_PASSES, Stage
@@ -58,9 +59,12 @@ class WidthTimer:
         kv_mem_bytes: KV memory of one engine per device (jigsaw's memory plan).
     """
 
-    def __init__(self, window: int, kv_mem_bytes: float) -> None:
+    def __init__(self, window: int, kv_mem_bytes: float, tail_requests: int = 0) -> None:
         self._predictor = HistoryPredictor(window)
         self.kv_mem_bytes = kv_mem_bytes
+        # > 0: a tail of at most this many requests regroups where the executor can
+        # (regroup.replay_s; jigsaw's tail_tp)
+        self.tail_requests = tail_requests
         self._reqs: dict[str, tuple[int, list[RequestTruth]]] = {}  # pipeline -> (source, reqs)
         self._turns: dict[tuple[str, int], tuple[TurnTruth, ...]] = {}  # (task, total) -> turns
         self._gen: dict[tuple[str, int, int], float] = {}
@@ -104,21 +108,29 @@ class WidthTimer:
         """Predicted seconds of ``pv``'s rollout on ``width`` devices (whole TP groups)."""
         tp = pv.spec.rollout_tp
         ranks = max(1, width // tp)
-        key = (pv.name, self.source(pv), ranks)
+        group = widest_tp(min(width, view.accelerators_per_node), pv.model.num_heads) if (
+            self.tail_requests and view.can_regroup) else tp
+        key = (pv.name, self.source(pv), ranks, group)
         if key not in self._gen:
             reqs = self.requests(pv)[::ranks]
             kv = view.cost.kv_budget_tokens(pv.model, tp, max(self.kv_mem_bytes, 1.0))
             # pipelines alike (same model and prior) replay the same requests: once
-            same = (pv.model, tp, kv, tuple((r.prompt_tokens, r.turns) for r in reqs))
+            same = (pv.model, tp, kv, group, ranks if group > tp else 0, pv.spec.task,
+                    pv.spec.max_response_tokens, tuple((r.prompt_tokens, r.turns) for r in reqs))
             got = self._replays.get(same)
             if got is None or got[0] is not view.cost:
                 inst = RolloutInstance(f"{pv.name}/plan/{ranks}", pv.model, tp, view.cost,
                                        kv_budget_tokens=max(kv, 1))
                 inst.add(reqs)
-                segs = rank_segments(inst)
+                if group > tp:
+                    end = replay_s(view.cost, pv, inst, ranks, group, self.kv_mem_bytes,
+                                   self.tail_requests)
+                else:
+                    segs = rank_segments(inst)
+                    end = segs[-1][2] if segs else 0.0
                 if len(self._replays) >= 4096:
                     self._replays.clear()
-                got = self._replays[same] = (view.cost, segs[-1][2] if segs else 0.0)
+                got = self._replays[same] = (view.cost, end)
             self._gen[key] = got[1]
         return self._gen[key]
 

@@ -1,0 +1,177 @@
+"""Faster tails for ``jigsaw``: re-form a rollout's last requests on one wider TP group (issue 11,
+item 4; the action is :class:`~jigsawrl.scheduler.base.Regroup`).
+
+A decode iteration of a short tail is bound by reading the weights, so a rank at TP 1 with two
+requests left is barely faster than with thirty; a TP group of four devices reads a quarter of
+the weights per device. When a rollout's unfinished requests are few, its drained ranks are held
+(only while no other stage is ready to take them) and, at the moment a rank drains, the tail is
+weighed: the seconds a wider group saves over the rest of the tail against twice the re-prefill
+of every moved context and the new engine's wake-up (a weight sync onto the group, as the
+simulator charges it), all with the belief cost model. Once a rollout regrouped it is left
+alone.
+
+What is known of the rest of the tail is only this step's context per rank (prompt plus what was
+generated) and the lengths of finished steps: the remaining tokens of the longest request are
+estimated as the longest response of the last observed step less the mean generated so far
+(the response cap before a first step; half of what is left below the cap once the tail
+outgrew that). A heuristic, stated as one: no sampled length is read.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+
+from jigsawrl.costmodel.protocol import CostModelProtocol
+from jigsawrl.graph.build import rank_segments
+from jigsawrl.scheduler.base import PipelineView, Regroup, RunningTask, View
+from jigsawrl.sim.rollout import RolloutInstance
+from jigsawrl.workload.task_presets import TASKS
+
+# The predicted gain must be this many times the regroup's cost: the tokens left are a rough
+# estimate (a 0.6B model's short tails, where the gain is small beside the wake-up, measured
+# slower regrouped at a factor of 1 in tests/scheduler/test_jigsaw_regroup.py's setting).
+GAIN_OVER_COST = 2.0
+
+
+def widest_tp(n_devices: int, num_heads: int) -> int:
+    """The largest power of two at most ``n_devices`` that divides the heads (1 at least)."""
+    tp = 1
+    while tp * 2 <= n_devices and num_heads % (tp * 2) == 0:
+        tp *= 2
+    return tp
+
+
+def tail_fits(cost: CostModelProtocol, pv: PipelineView, tp: int, kv_mem: float) -> int:
+    """Requests a TP-``tp`` group holds without preemption, each grown to the response cap."""
+    task = TASKS.get(pv.spec.task)
+    prompt = int(task.prompt_mean) if task else 128
+    return cost.kv_budget_tokens(pv.model, tp, max(kv_mem, 1.0)) // (
+        pv.spec.max_response_tokens + prompt + 1)
+
+
+def replay_s(cost: CostModelProtocol, pv: PipelineView, inst: RolloutInstance, ranks: int,
+             group_tp: int, kv_mem: float, tail_requests: int) -> float:
+    """When the replay of ``inst`` (one of ``ranks`` alike ranks of a rollout, requests added)
+    ends, with its tail regrouped on a TP-``group_tp`` group once the rollout's unfinished
+    requests fit it, if that ends sooner: the forecast's view of :class:`TailRegroup` (the
+    regrouped group holds ``group_tp / tp`` ranks' worth of the tail; any other ranks end as
+    they would have)."""
+    limit = min(tail_requests, tail_fits(cost, pv, group_tp, kv_mem))
+    segs = rank_segments(inst, stop=lambda t, i: i.unfinished * ranks <= limit)
+    if inst.done or group_tp <= inst.tp:
+        rest = rank_segments(inst, t0=segs[-1][2]) if not inst.done and segs else []
+        return (rest or segs)[-1][2] if (rest or segs) else 0.0
+    t = segs[-1][2] if segs else 0.0
+    clone = copy.deepcopy(inst, {id(inst.cost): inst.cost, id(inst.model): inst.model})
+    rest = rank_segments(inst, t0=t)
+    plain = rest[-1][2] if rest else t
+    _, runs = clone.export_unfinished(None, t)
+    copies = min(ranks, group_tp // inst.tp)
+    group = RolloutInstance(f"{inst.key}/regroup", pv.model, group_tp, cost,
+                            kv_budget_tokens=max(1, cost.kv_budget_tokens(
+                                pv.model, group_tp, max(kv_mem, 1.0))))
+    group.add_runs([copy.copy(r) for _ in range(copies) for r in runs])
+    start = t + cost.weight_sync_time_s(pv.model, group_tp, group_tp)
+    regs = rank_segments(group, t0=start)
+    end = regs[-1][2] if regs else start
+    if copies < ranks:
+        end = max(end, plain)
+    return min(plain, end)
+
+
+class TailRegroup:
+    """Which rollouts to regroup, and which drained ranks to hold for it (module docstring)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.can = False  # the last view's executor runs Regroup
+        self._done: set[str] = set()  # rollouts that regrouped
+        self._busy_seen: dict[str, int] = {}  # busy ranks when a decision last saw the rollout
+        self.count = 0
+
+    def active(self, view: View) -> bool:
+        self.can = view.can_regroup
+        return self.enabled and self.can
+
+    def hold(self, view: View, t: RunningTask) -> bool:
+        """Keep the rollout's drained ranks for a later regroup: nothing else is ready to start
+        (a ready stage would take them) and it has not regrouped yet."""
+        if t.task_id in self._done:
+            return False
+        return not any(pv.ready() for pv in view.pipelines)
+
+    def wakes(self, t: RunningTask, counts: Sequence[int], live: Sequence[int]) -> bool:
+        """A held rollout wakes the policy only when one more of its ranks drained."""
+        if not (self.enabled and self.can) or t.task_id in self._done:
+            return False
+        busy = sum(1 for r in live if counts[r] > 0)
+        return busy < self._busy_seen.get(t.task_id, len(live) + 1)
+
+    def holding(self, t: RunningTask) -> bool:
+        """Whether the last decision kept this rollout's drained ranks for a regroup."""
+        return self.enabled and self.can and t.task_id in self._busy_seen and \
+            t.task_id not in self._done
+
+    def plan(self, view: View, pv: PipelineView, t: RunningTask, live: Sequence[int],
+             tail_requests: int, kv_mem: float) -> Regroup | None:
+        """The regroup of ``t``'s live ranks, when the belief cost model says the tail ends
+        sooner for it (module docstring); None otherwise."""
+        counts, ctx = t.unfinished_per_rank, t.ctx_tokens_per_rank
+        busy = [r for r in live if counts[r] > 0]
+        self._busy_seen[t.task_id] = len(busy)
+        if not busy or not ctx or t.task_id in self._done:
+            return None
+        per = view.accelerators_per_node
+        node = t.rank_devices[busy[0]][0] // per
+        if any(d // per != node for r in busy for d in t.rank_devices[r]):
+            return None  # a TP group stays within a node
+        ranks = [r for r in live if t.rank_devices[r][0] // per == node]
+        tp_old = max(len(t.rank_devices[r]) for r in busy)
+        tp = widest_tp(sum(len(t.rank_devices[r]) for r in ranks), pv.model.num_heads)
+        if tp <= tp_old or sum(len(t.rank_devices[r]) for r in busy) > tp:
+            return None
+        total = sum(counts[r] for r in busy)
+        total_ctx = sum(ctx[r] for r in busy)
+        task = TASKS.get(pv.spec.task)
+        prompt = task.prompt_mean if task else 128.0
+        if total > min(tail_requests, tail_fits(view.cost, pv, tp, kv_mem)):
+            return None
+        if self._saved_s(view, pv, t, busy, tp, total, total_ctx, prompt) <= 0:
+            return None
+        # the busy ranks first, then drained ones, until the group is full
+        chosen: list[int] = []
+        n = 0
+        for r in sorted(ranks, key=lambda r: (-counts[r], r)):
+            if n + len(t.rank_devices[r]) <= tp:
+                chosen.append(r)
+                n += len(t.rank_devices[r])
+        if n != tp:
+            return None
+        self._done.add(t.task_id)
+        self.count += 1
+        return Regroup(t.task_id, tuple(chosen[1:]), chosen[0])
+
+    def _saved_s(self, view: View, pv: PipelineView, t: RunningTask, busy: list[int], tp: int,
+                 total: int, total_ctx: int, prompt: float) -> float:
+        """Seconds the regroup is predicted to take off the tail (negative: it costs)."""
+        cost, m = view.cost, pv.model
+        counts, ctx = t.unfinished_per_rank, t.ctx_tokens_per_rank
+        before = max(cost.decode_iter_time_s(m, len(t.rank_devices[r]), counts[r],
+                                             max(1, ctx[r])) for r in busy)
+        after = cost.decode_iter_time_s(m, tp, total, max(1, total_ctx))
+        cap = pv.spec.max_response_tokens
+        generated = max(0.0, total_ctx / total - prompt)
+        longest = max(pv.history[-1].response_tokens, default=cap) if pv.history else cap
+        left = longest - generated
+        if left <= 0:  # longer than anything seen: assume half of what the cap leaves
+            left = max(0.0, cap - generated) / 2
+        prefill = cost.prefill_time_s(m, tp, max(1, total_ctx), 0, 1.0, num_seqs=total)
+        wake = cost.weight_sync_time_s(m, tp, tp)
+        return left * (before - after) - GAIN_OVER_COST * (prefill + wake)
+
+    def forget(self, live_tasks: set[str]) -> None:
+        """Drop what is kept of rollouts that finished."""
+        self._done &= live_tasks
+        for tid in [k for k in self._busy_seen if k not in live_tasks]:
+            del self._busy_seen[tid]
