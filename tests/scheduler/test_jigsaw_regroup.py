@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from test_jigsaw import Recorder, cfg
 
@@ -13,7 +15,10 @@ from jigsawrl.experiments.resolve import resolve
 from jigsawrl.experiments.simulated import TRUTH_NOISE_SIGMA, make_cost, run_once
 from jigsawrl.graph.build import rank_segments
 from jigsawrl.scheduler import Migrate, Regroup, get_policy
-from jigsawrl.scheduler.jigsaw.regroup import replay_s, widest_tp
+from jigsawrl.scheduler.jigsaw import JigsawPolicy
+from jigsawrl.scheduler.jigsaw.fallback import best_verl, verl_plans
+from jigsawrl.scheduler.jigsaw.policy import PlanChoice
+from jigsawrl.scheduler.jigsaw.regroup import placed_replay, replay_s, widest_tp
 from jigsawrl.sim.rollout import RolloutInstance
 from jigsawrl.workload.requests import RequestTruth, TurnTruth
 
@@ -31,7 +36,7 @@ def test_widest_tp() -> None:
 
 def test_tail_regroups_conserves_samples_and_ends_sooner() -> None:
     exp = solo()
-    rec = Recorder(get_policy("jigsaw", {"fallback": False}))  # (a solo pipeline falls back)
+    rec = Recorder(get_policy("jigsaw", {"fallback": False, "tp_search": False}))  # (a solo pipeline falls back)
     res = run_once(exp, rec, 3)
     groups = [a for d in rec.decisions for a in d.actions if isinstance(a, Regroup)]
     assert groups and len({g.task_id for g in groups}) == len(groups)  # once per rollout
@@ -39,7 +44,7 @@ def test_tail_regroups_conserves_samples_and_ends_sooner() -> None:
     ids = [e.sample_id for e in res.events if isinstance(e, SampleFinished)]
     assert len(ids) == len(set(ids)) == 2 * 32 * 4
     assert len([e for e in res.events if isinstance(e, StepFinished)]) == 2
-    off = run_once(exp, get_policy("jigsaw", {"fallback": False, "tail_tp": False}), 3)
+    off = run_once(exp, get_policy("jigsaw", {"fallback": False, "tail_tp": False, "tp_search": False}), 3)
     assert res.makespan_s < off.makespan_s
 
 
@@ -48,7 +53,7 @@ def test_no_regroup_where_the_executor_cannot() -> None:
     ex = SimulatedExecutor(exp, truth_cost=make_cost(exp, noise_sigma=TRUTH_NOISE_SIGMA, seed=3),
                            seed=3)
     ex.can_regroup = False
-    rec = Recorder(get_policy("jigsaw", {"fallback": False}))
+    rec = Recorder(get_policy("jigsaw", {"fallback": False, "tp_search": False}))
     drive(exp, rec, ex, make_cost(exp))
     acts = [a for d in rec.decisions for a in d.actions]
     assert not any(isinstance(a, Regroup) for a in acts)
@@ -76,3 +81,44 @@ def test_forecast_replay_regroups_only_when_it_ends_sooner() -> None:
     # a group that would have to take the short requests too (a limit above 164) is not
     # taken when it ends later: never predicted worse than the plain replay
     assert replay_s(cost, pv, inst(), 4, 4, 60e9, 1000) <= plain
+
+
+class FallsBack(JigsawPolicy):
+    """jigsaw made to run the best verl placement (as where it is predicted no worse)."""
+
+    def _choose_plan(self, view):  # noqa: ANN001, ANN202
+        verl = best_verl(view)
+        self._delegate = verl.build()
+        return PlanChoice(verl.name, math.inf, verl.name, verl.makespan_s)
+
+
+def test_a_verl_placement_jigsaw_falls_back_to_regroups_its_tails() -> None:
+    exp = solo()
+    pol = FallsBack(tp_search=False)
+    rec = Recorder(pol)
+    res = run_once(exp, rec, 3)
+    assert pol.choice is not None and pol.choice.runs.startswith("verl")
+    groups = [a for d in rec.decisions for a in d.actions if isinstance(a, Regroup)]
+    assert groups and len({g.task_id for g in groups}) == len(groups)
+    ids = [e.sample_id for e in res.events if isinstance(e, SampleFinished)]
+    assert len(ids) == len(set(ids)) == 2 * 32 * 4
+    plain = run_once(exp, FallsBack(tail_tp=False, tp_search=False), 3)
+    assert res.makespan_s < plain.makespan_s
+
+
+def test_verl_placements_jigsaw_would_run_are_timed_with_its_regroups() -> None:
+    """The fallback compares like for like: a verl placement jigsaw runs regroups its tails, so
+    its predicted makespan replays them (never later than without); the placements themselves
+    (names, slices) are verl's own."""
+    exp = resolve(cfg(n=2, devices=8, batch=32, task="math", steps=2, model="qwen3-4b"))
+    state = DriverState(exp)
+    state.can_regroup = True
+    view = state.view(0.0, make_cost(exp))
+    plain = {p.name: p.makespan_s for p in verl_plans(view)}
+    tails = {p.name: p.makespan_s for p in verl_plans(view, gen_replay=placed_replay(view, 128))}
+    assert plain.keys() == tails.keys() and len(plain) >= 2
+    assert all(tails[k] <= plain[k] + 1e-9 for k in plain)
+    assert any(tails[k] < plain[k] for k in plain)
+    pol = JigsawPolicy(tp_search=False)
+    pol.decide(view)
+    assert pol.choice is not None and pol.choice.verl_s == pytest.approx(min(tails.values()))

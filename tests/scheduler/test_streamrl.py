@@ -26,6 +26,7 @@ from jigsawrl.scheduler.base import (
     View,
     task_id,
 )
+from jigsawrl.scheduler.rollout_tp import TP_FACTORS
 from jigsawrl.scheduler.streamrl import StreamRLPolicy, shared_plans, split_plans
 from jigsawrl.stages import MODEL_PASSES, Stage
 from jigsawrl.stages import POST_ROLLOUT as TRAIN_STAGES
@@ -136,8 +137,8 @@ def test_streamrl_small_model_four_devices() -> None:
 
 def test_streamrl_searches_splits_and_reports_best() -> None:
     names = [v.name for v in StreamRLPolicy().variants()]
-    assert names == [f"streamrl-split#{k}" for k in range(6)] + [
-        f"streamrl-shared#{k}" for k in range(3)]
+    plain = [f"streamrl-split#{k}" for k in range(6)] + [f"streamrl-shared#{k}" for k in range(3)]
+    assert names == plain + [f"{n}@tp x{f:g}" for f in TP_FACTORS[1:] for n in plain]
     cfg = make_cfg("async", devices=8)  # 4B trainers need 2 devices: the rollout devices move
     plans = split_plans(tiny_view(cfg))
     assert [{n: (len(p.rollout), len(p.train)) for n, p in plan.items()} for plan in plans] == [

@@ -11,6 +11,7 @@ from jigsawrl.errors import ConfigError
 from jigsawrl.events import Span
 from jigsawrl.experiments.simulated import simulate
 from jigsawrl.scheduler import get_policy
+from jigsawrl.scheduler.rollout_tp import TP_FACTORS
 from jigsawrl.scheduler.verl_async import VerlFullyAsyncPolicy, VerlOneStepOffPolicy
 from jigsawrl.stages import ROLLOUT_BANDS, Stage
 
@@ -52,8 +53,9 @@ def test_recipes_dispatch_contiguous_and_split_only() -> None:
     assert VerlOneStepOffPolicy.dispatch == VerlFullyAsyncPolicy.dispatch == "contiguous"
     with pytest.raises(ConfigError, match="split"):
         VerlOneStepOffPolicy("shared", 0)
-    assert [v.name for v in get_policy("verl-one-step-off").variants()] == [
-        f"verl-one-step-off-split#{k}" for k in range(6)]
+    plain = [f"verl-one-step-off-split#{k}" for k in range(6)]
+    assert [v.name for v in get_policy("verl-one-step-off").variants()] == plain + [
+        f"{n}@tp x{f:g}" for f in TP_FACTORS[1:] for n in plain]
 
 
 def test_verl_on_async_pipelines_may_pick_a_recipe_and_skips_them_on_sync() -> None:

@@ -19,6 +19,7 @@ from jigsawrl.experiments.simulated import make_cost, run_once, simulate
 from jigsawrl.graph.predict import StepObservation
 from jigsawrl.scheduler import get_policy, list_policies
 from jigsawrl.scheduler.base import SetResident, StartRollout, View
+from jigsawrl.scheduler.rollout_tp import TP_FACTORS
 from jigsawrl.scheduler.verl import VerlPolicy
 from jigsawrl.scheduler.verl_placements import (
     MAX_QUEUE_K,
@@ -225,11 +226,13 @@ def test_verl_variants_are_every_placement_under_its_registered_name() -> None:
     names = [v.name for v in get_policy("verl").variants()]
     sync = ["verl-split", "verl-serial", "verl-sized",
             *(f"verl-queue-{k}" for k in range(2, MAX_QUEUE_K + 1))]
-    assert names[:len(sync)] == sync
+    def scaled(plain: list[str]) -> list[str]:  # then each again at every scaled rollout TP
+        return plain + [f"{n}@tp x{f:g}" for f in TP_FACTORS[1:] for n in plain]
+    assert names[:4 * len(sync)] == scaled(sync)
     # then verl's async recipes, each over its rollout/train splits (verl_async.py)
-    assert names[len(sync):] == [f"{r}-split#{k}" for r in ("verl-one-step-off",
-                                                             "verl-fully-async")
-                                 for k in range(6)]
+    assert names[4 * len(sync):] == [
+        n for r in ("verl-one-step-off", "verl-fully-async")
+        for n in scaled([f"{r}-split#{k}" for k in range(6)])]
     assert [v.name for v in get_policy("verl-queue").variants()] == sync[3:]
     assert get_policy("verl-queue", {"k": 3}).name == "verl-queue-3"
     assert get_policy("verl-sized").name == "verl-sized"

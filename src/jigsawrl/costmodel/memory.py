@@ -14,10 +14,15 @@ params.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from jigsawrl.costmodel.core import CostCore
 from jigsawrl.costmodel.roofline import CostParams, kv_bytes_per_token_per_device
 from jigsawrl.workload.accelerators import AcceleratorSpec
 from jigsawrl.workload.models import BF16_BYTES, ModelSpec
+
+if TYPE_CHECKING:
+    from jigsawrl.costmodel.protocol import CostModelProtocol
 
 GB = 1e9
 # bf16 param (2) + bf16 grad (2) + fp32 master param (4) + fp32 Adam m (4) + fp32 Adam v (4).
@@ -39,6 +44,16 @@ def kv_budget_tokens(model: ModelSpec, tp: int, mem_bytes: float) -> int:
     if mem_bytes <= 0:
         return 0
     return int(mem_bytes // kv_bytes_per_token_per_device(model, tp))
+
+
+def response_kv_room(cost: CostModelProtocol, model: ModelSpec, tp: int,
+                     max_response_tokens: int, hbm_bytes: float,
+                     gpu_memory_utilization: float) -> tuple[float, float]:
+    """(KV memory a rollout engine of TP ``tp`` has per device, what one response of
+    ``max_response_tokens`` and a prompt's worth of context needs there): a rollout TP with
+    the first below the second cannot run the config."""
+    budget = gpu_memory_utilization * hbm_bytes - cost.rollout_weight_bytes(model, tp)
+    return budget, cost.kv_bytes(model, max_response_tokens + 512, tp)
 
 
 def train_state_bytes(model: ModelSpec, n_devices: int) -> float:

@@ -191,6 +191,17 @@ class Driver:
         ps.touch()
         return 1
 
+    def _check_tp(self, a: StartRollout, heads: int) -> None:
+        """A rollout's devices are whole TP groups, each within a node, the TP dividing the
+        model's heads (a policy may choose another TP than the config's)."""
+        per = self.exp.config.cluster.accelerators_per_node
+        groups = [a.devices[i:i + a.tp] for i in range(0, len(a.devices), a.tp)]
+        if a.tp < 1 or not a.devices or len(a.devices) % a.tp or heads % a.tp or any(
+                len({d // per for d in g}) > 1 for g in groups):
+            raise InvariantError(f"{a.pipeline}/{a.step}/rollout: {len(a.devices)} device(s) "
+                                 f"cannot form TP groups of {a.tp} (whole groups, each within "
+                                 f"a node, dividing the model's {heads} heads)")
+
     def _launch(self, a: StartRollout | StartStage) -> int:
         stage = Stage.ROLLOUT if isinstance(a, StartRollout) else a.stage
         ps = self.state.pipes[a.pipeline]
@@ -207,6 +218,7 @@ class Driver:
         now = self.executor.now_s
         ps.running[tid] = RunningTask(tid, a.pipeline, a.step, stage, a.devices, a.share, now)
         if isinstance(a, StartRollout):
+            self._check_tp(a, ps.res.model.num_heads)
             ranks = tuple(a.devices[r * a.tp:(r + 1) * a.tp] for r in range(len(a.devices) // a.tp))
             ps.running[tid] = replace(ps.running[tid], rank_devices=ranks,
                                       rank_shares=(a.share,) * len(ranks))

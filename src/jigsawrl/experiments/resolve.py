@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from jigsawrl.config import ExperimentConfig, PipelineSpec
+from jigsawrl.costmodel.memory import response_kv_room
 from jigsawrl.errors import ConfigError, InputError
 from jigsawrl.workload.accelerators import ACCELERATORS, AcceleratorSpec
 from jigsawrl.workload.engine_models import ENGINE_MODELS
@@ -221,9 +222,8 @@ def _check_memory(where: str, p: PipelineSpec, model: ModelSpec, accel: Accelera
         raise ConfigError(f"{p.model} cannot train on {n} x {accel.name}: {why}",
                           where=f"{where}.model",
                           fix="use more devices (cluster size or num_devices) or a smaller model")
-    weights = cost.rollout_weight_bytes(model, p.rollout_tp)
-    budget = DEFAULT_GPU_MEMORY_UTILIZATION * accel.hbm_bytes - weights
-    need = cost.kv_bytes(model, p.max_response_tokens + 512, p.rollout_tp)
+    budget, need = response_kv_room(cost, model, p.rollout_tp, p.max_response_tokens,
+                                    accel.hbm_bytes, DEFAULT_GPU_MEMORY_UTILIZATION)
     if budget < need:
         raise ConfigError(
             f"{p.model} with rollout_tp={p.rollout_tp} leaves {budget / 1e9:.1f} GB for the KV "

@@ -40,6 +40,7 @@ from jigsawrl.graph.bound import floor_from_facts, pipeline_facts
 from jigsawrl.graph.makespan_bound import BoundReport, makespan_bound
 from jigsawrl.metrics.summary import RunInfo, step_latencies
 from jigsawrl.scheduler.base import Policy
+from jigsawrl.scheduler.rollout_tp import RolloutTP
 from jigsawrl.sim.dispatch import TruthSampler
 from jigsawrl.workload.experiment import Experiment
 
@@ -136,12 +137,18 @@ def simulate(cfg: ExperimentConfig, *, policy: str | None = None, seed: int | No
     sampler = TruthSampler(seed)
     best: tuple[float, str, DriverResult, Policy] | None = None
     infeasible: list[str] = []
+    # the placements themselves, not each again at scaled rollout TPs (rollout_tp.py): when
+    # the one placement of a policy fails, its own error says why
+    own = [v for v in variants if not isinstance(v, RolloutTP)]
+    own_error: ConfigError | None = None
     for v in variants:
         try:
             res = run_once(exp, v, seed, progress=progress, sampler=sampler)
         except ConfigError as exc:
             if len(variants) == 1:
                 raise
+            if len(own) == 1 and v is own[0]:
+                own_error = exc
             # one placement of several that cannot place this workload (a queue wider than the
             # jobs, a split too thin to hold a train state): the others compete, as a user's would
             log.info("%s is infeasible here: %s", v.name, exc)
@@ -151,6 +158,8 @@ def simulate(cfg: ExperimentConfig, *, policy: str | None = None, seed: int | No
         log.info("%s: %.1f tokens/s", v.name, tput)
         if best is None or tput > best[0]:
             best = (tput, v.name, res, v)
+    if best is None and own_error is not None:
+        raise own_error
     if best is None:
         raise ConfigError("no placement of this policy is feasible:\n  " + "\n  ".join(infeasible))
     _, vname, res, ran = best

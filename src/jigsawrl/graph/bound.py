@@ -154,14 +154,18 @@ def step_facts(cost: CostModelProtocol, pipe, reqs: Sequence[RequestTruth],  # n
     (``groups``: with its group floors)."""
     spec, m = pipe.spec, pipe.model
     tokens = sum(r.total_tokens for r in reqs)
-    post = post_chain_floor_s(cost, m, num_devices, tokens, len(reqs), spec.use_ref,
-                              spec.train.ppo_epochs, spec.rollout_tp)
+    # a policy may run the rollout at half the config's TP (scheduler/rollout_tp.py) or wider
+    # (that, or a regroup of its tail): the floor takes the fastest of them
+    wider = (*((spec.rollout_tp // 2,) if spec.rollout_tp > 1 else ()),
+             *regroup_tps(spec.rollout_tp, m.num_heads, num_devices))
+    tps = (spec.rollout_tp, *wider)
+    post = min(post_chain_floor_s(cost, m, num_devices, tokens, len(reqs), spec.use_ref,
+                                  spec.train.ppo_epochs, tp) for tp in tps)
     passes = 2 if spec.use_ref else 1
     flops = passes * cost.logprob_flops(m, tokens) + \
         spec.train.ppo_epochs * cost.train_flops(m, tokens)
-    tail = post_tail_floor_s(cost, m, num_devices, tokens, spec.train.ppo_epochs,
-                             spec.rollout_tp)
-    wider = regroup_tps(spec.rollout_tp, m.num_heads, num_devices)
+    tail = min(post_tail_floor_s(cost, m, num_devices, tokens, spec.train.ppo_epochs, tp)
+               for tp in tps)
     floors: dict[str, float] = {}
     for r in reqs if groups else ():
         key = r.sample_id.rsplit("/", 1)[0]  # the prompt a sample answers (its group)

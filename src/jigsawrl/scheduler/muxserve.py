@@ -42,6 +42,7 @@ from jigsawrl.scheduler.base import (
     Action,
     Decision,
     PipelineView,
+    Policy,
     PolicyBase,
     SetResident,
     SetShare,
@@ -50,6 +51,7 @@ from jigsawrl.scheduler.base import (
     View,
     register_policy,
 )
+from jigsawrl.scheduler.rollout_tp import with_scaled_tps
 from jigsawrl.scheduler.verl import (
     MICRO_BATCH_TOKENS,
     pipeline_resident_bytes,
@@ -131,6 +133,11 @@ class MuxServePolicy(PolicyBase):
         self._train_q: list[tuple[str, int]] = []
         self._owner: tuple[str, int] | None = None  # the pipeline whose training holds the pool
         self._placed: set[str] = set()
+
+    def variants(self) -> list[Policy]:
+        """A fresh one, and fresh ones at scaled rollout TPs (``rollout_tp.with_scaled_tps``); the
+        runner reports the best."""
+        return with_scaled_tps(lambda: [MuxServePolicy(self.gmu)])
 
     def decide(self, view: View) -> Decision:
         if self.plan is None:

@@ -65,6 +65,7 @@ from jigsawrl.scheduler.base import (
     View,
     register_policy,
 )
+from jigsawrl.scheduler.rollout_tp import with_scaled_tps
 from jigsawrl.scheduler.verl import (
     MICRO_BATCH_TOKENS,
     pipeline_resident_bytes,
@@ -199,10 +200,12 @@ class RollMuxPolicy(PolicyBase):
         self._started: set[str] = set()  # pipelines whose train state was loaded once
 
     def variants(self) -> list[RollMuxPolicy]:
-        """The rollout/train splits to simulate; the runner reports the best."""
+        """The rollout/train splits to simulate, each also at scaled rollout TPs
+        (``rollout_tp.with_scaled_tps``); the runner reports the best."""
         if self.rollout_fraction is not None:
             return [self]
-        return [RollMuxPolicy(f, self.rollout_gmu) for f in ROLLOUT_FRACTIONS]
+        return with_scaled_tps(  # type: ignore[return-value]
+            lambda: [RollMuxPolicy(f, self.rollout_gmu) for f in ROLLOUT_FRACTIONS])
 
     def decide(self, view: View) -> Decision:
         if self.rollout_fraction is None:

@@ -70,6 +70,7 @@ from jigsawrl.scheduler.base import (
     register_policy,
 )
 from jigsawrl.scheduler.ranker import LengthRanker
+from jigsawrl.scheduler.rollout_tp import with_scaled_tps
 from jigsawrl.scheduler.verl_placements import (
     MICRO_BATCH_TOKENS,
     pipeline_resident_bytes,
@@ -218,14 +219,16 @@ class DisaggregatedPolicy(PolicyBase):
         self._started: dict[str, int] = defaultdict(int)
 
     def variants(self) -> list[DisaggregatedPolicy]:
-        """The first candidate allocations of each placement; the runner simulates each and
-        reports the best (an index past the candidates of a pool fails fast as infeasible)."""
+        """The first candidate allocations of each placement, each also at scaled rollout TPs
+        (``rollout_tp.with_scaled_tps``); the runner simulates each and reports the best (an
+        index past the candidates of a pool fails fast as infeasible)."""
         if self.placement != "auto" and self.allocation is not None:
             return [self]
         places = self.placements if self.placement == "auto" else (self.placement,)
-        return [type(self)(p, k, self.gpu_memory_utilization) for p in places
-                for k in ((self.allocation,) if self.allocation is not None
-                          else range(MAX_ALLOCATIONS[p]))]
+        return with_scaled_tps(lambda: [  # type: ignore[return-value]
+            type(self)(p, k, self.gpu_memory_utilization) for p in places
+            for k in ((self.allocation,) if self.allocation is not None
+                      else range(MAX_ALLOCATIONS[p]))])
 
     def _plan(self, view: View) -> dict[str, Pools]:
         """This variant's allocation, and a name that says it.

@@ -17,6 +17,9 @@ so a verl user picks a placement of the jobs:
 
 ``verl`` runs every placement and reports the best measured (the runner evaluates
 :meth:`VerlPolicy.variants`; DESIGN.md §6); ``verl-queue`` without ``k`` does the same over k.
+``verl`` also runs each placement at the configured rollout TPs scaled by ×2, ×4 and ×½
+(``scheduler/rollout_tp.py``; named e.g. ``verl-sized@tp2``), as a user tuning
+``rollout.tensor_model_parallel_size`` would, where the executor can form those TP groups.
 Memory follows verl's defaults: the FSDP train state and the reference weights stay resident, the
 vLLM engine gets ``gpu_memory_utilization`` of device memory (weights + KV) while it runs. These
 placements run async pipelines synchronously (verl's default trainer; a user may run them so);
@@ -44,12 +47,14 @@ from jigsawrl.scheduler.base import (
     View,
     register_policy,
 )
+from jigsawrl.scheduler.rollout_tp import RolloutTP, with_scaled_tps
 from jigsawrl.scheduler.verl_async import async_recipes
 from jigsawrl.scheduler.verl_placements import (
     MAX_QUEUE_K,
     MICRO_BATCH_TOKENS,
     JobTimer,
     check_fit,
+    engine_kv_bytes,
     longest_first,
     pipeline_resident_bytes,
     queue_slices,
@@ -136,8 +141,13 @@ class VerlPolicy(PolicyBase):
         gmu = self.gpu_memory_utilization
         queues: list[Policy] = [VerlPolicy("queue", gmu, k) for k in range(2, MAX_QUEUE_K + 1)]
         if self.placement == "auto":
-            return [*(VerlPolicy(p, gmu) for p in ("split", "serial", "sized")), *queues,
-                    *async_recipes()]
+            def placed() -> list[Policy]:
+                return [*(VerlPolicy(p, gmu) for p in ("split", "serial", "sized")),
+                        *(VerlPolicy("queue", gmu, k) for k in range(2, MAX_QUEUE_K + 1))]
+            # each also at scaled rollout TPs (a user tunes verl's rollout TP; a scale that
+            # changes nothing, or an executor of fixed TP, fails fast and is skipped), the
+            # async recipes likewise
+            return [*with_scaled_tps(placed), *async_recipes()]
         if self.placement == "queue" and self.k is None:
             return queues
         return [self]
@@ -149,9 +159,12 @@ class VerlPolicy(PolicyBase):
         run (for a runner that can build a view before running)."""
         keep = set(queue_widths(view))
         has_async = any(p.spec.mode == "async" for p in view.pipelines)
-        return [v for v in self.variants()
-                if (v.k is None or v.k in keep or v is self if isinstance(v, VerlPolicy)
-                    else has_async)]
+        def kept(v: Policy) -> bool:
+            if isinstance(v, RolloutTP):
+                return view.can_regroup and kept(v.inner)
+            return (v.k is None or v.k in keep or v is self if isinstance(v, VerlPolicy)
+                    else has_async)
+        return [v for v in self.variants() if kept(v)]
 
     def decide(self, view: View) -> Decision:
         if self.placement == "auto" or (self.placement == "queue" and self.k is None):
@@ -221,16 +234,22 @@ class VerlPolicy(PolicyBase):
     def _resident(self, view: View, pv: PipelineView, devs: tuple[int, ...]) -> float:
         return pipeline_resident_bytes(view.cost, pv, len(devs))
 
+    def kv_mem_bytes(self, view: View, pv: PipelineView, devs: tuple[int, ...]) -> float:
+        """Per-device KV memory of ``pv``'s rollout engine on ``devs``: the engine's
+        ``gpu_memory_utilization`` of the device (less what stays resident), less its weights."""
+        return engine_kv_bytes(view, pv, len(devs), self.gpu_memory_utilization)
+
     def _start(self, view: View, pv: PipelineView, step: int, stage: str,
                devs: tuple[int, ...]) -> StartRollout | StartStage:
         cost = view.cost
         if stage == Stage.ROLLOUT:
-            hbm = view.accelerator.hbm_bytes
-            resident = self._resident(view, pv, devs)
-            weights = cost.rollout_weight_bytes(pv.model, pv.spec.rollout_tp)
-            engine = min(self.gpu_memory_utilization * hbm, hbm - resident)
+            if not devs or len(devs) % pv.spec.rollout_tp:
+                raise ConfigError(
+                    f"pipeline {pv.name!r}'s {len(devs)} device(s) cannot host its rollout at "
+                    f"TP {pv.spec.rollout_tp}", where=f"pipelines.{pv.index}.rollout_tp",
+                    fix="give it whole TP groups (num_devices) or another placement")
             return StartRollout(pv.name, step, devs, pv.spec.rollout_tp,
-                                kv_mem_bytes=max(0.0, engine - weights))
+                                kv_mem_bytes=self.kv_mem_bytes(view, pv, devs))
         if stage == Stage.REWARD:  # rule-based reward runs on the controller's CPU; devices idle
             return StartStage(pv.name, step, stage, (), share=0.0)
         mem = 0.0

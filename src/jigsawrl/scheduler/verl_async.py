@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from jigsawrl.errors import ConfigError
 from jigsawrl.scheduler.base import Decision, PipelineView, View, register_policy
+from jigsawrl.scheduler.rollout_tp import RolloutTP
 from jigsawrl.scheduler.streamrl import (
     ROLLOUT_MEM_FRACTION,
     DisaggregatedPolicy,
@@ -61,8 +62,9 @@ class VerlAsyncRecipe(DisaggregatedPolicy):
     def variants(self) -> list[DisaggregatedPolicy]:
         out = super().variants()
         for v in out:
-            if isinstance(v, VerlAsyncRecipe):
-                v.only_async = self.only_async
+            inner = v.inner if isinstance(v, RolloutTP) else v
+            if isinstance(inner, VerlAsyncRecipe):
+                inner.only_async = self.only_async
         return out
 
     def decide(self, view: View) -> Decision:

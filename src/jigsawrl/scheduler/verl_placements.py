@@ -40,7 +40,7 @@ heuristic otherwise. Queue slices are node-aligned the same way (:func:`queue_sl
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from statistics import NormalDist
 
 from jigsawrl.costmodel import CostModelProtocol
@@ -159,17 +159,27 @@ def _turns(task: TaskSpec, length: float, cap: int) -> tuple[TurnTruth, ...]:
     return tuple(turns)
 
 
+# (pipeline, one rank's rollout instance with its requests added, ranks, KV bytes per device)
+# -> seconds that rank's generation takes
+GenReplay = Callable[[PipelineView, RolloutInstance, int, float], float]
+
+
 class JobTimer:
     """Predicted durations of whole jobs (all steps) on slices of the pool, cached per size.
 
     Args:
         view: the first view (pipelines, pool, belief cost model).
         gpu_memory_utilization: the engine's share of device memory, as the policy runs it.
+        gen_replay: how a rollout rank's generation is replayed instead of plainly (its
+            seconds): a policy that speeds up the tails of verl's jobs (jigsaw running a verl
+            placement regroups them) times them with it; verl's own sizing never does.
     """
 
-    def __init__(self, view: View, gpu_memory_utilization: float) -> None:
+    def __init__(self, view: View, gpu_memory_utilization: float,
+                 gen_replay: GenReplay | None = None) -> None:
         self.view = view
         self.gpu_memory_utilization = gpu_memory_utilization
+        self.gen_replay = gen_replay
         self._requests: dict[str, list[RequestTruth]] = {}
         self._cache: dict[tuple[str, int], float] = {}
 
@@ -186,25 +196,34 @@ class JobTimer:
         reqs = self._requests.setdefault(pv.name, prior_requests(pv))
         ranks = max(1, n // spec.rollout_tp)
         ordered = sorted(reqs, key=lambda r: -r.generated_tokens)
+        kv_mem = self._kv_mem(pv, n)
         inst = RolloutInstance(f"{pv.name}/prior", pv.model, spec.rollout_tp, cost,
-                               kv_budget_tokens=max(1, self._kv_tokens(pv, n)))
+                               kv_budget_tokens=max(1, cost.kv_budget_tokens(
+                                   pv.model, spec.rollout_tp, max(kv_mem, 1.0))))
         inst.add(ordered[::ranks])  # the rank with the longest request, and a fair mix
-        segs = rank_segments(inst)
-        gen = segs[-1][2] if segs else 0.0
+        if self.gen_replay is not None:
+            gen = self.gen_replay(pv, inst, ranks, kv_mem)
+        else:
+            segs = rank_segments(inst)
+            gen = segs[-1][2] if segs else 0.0
         tokens = sum(r.total_tokens for r in reqs)
         stages = post_rollout_stages(cost, pv.model, n, tokens, len(reqs), use_ref=spec.use_ref,
                                      ppo_epochs=spec.train.ppo_epochs,
                                      rollout_tp=spec.rollout_tp)
         return gen + sum(stages.values())
 
-    def _kv_tokens(self, pv: PipelineView, n: int) -> int:
-        """The KV tokens verl's engine holds on an ``n``-device slice (as ``VerlPolicy`` sizes
-        its memory: ``gpu_memory_utilization`` of the device, less what stays resident)."""
-        cost, hbm = self.view.cost, self.view.accelerator.hbm_bytes
-        engine = min(self.gpu_memory_utilization * hbm,
-                     hbm - pipeline_resident_bytes(cost, pv, n))
-        kv = engine - cost.rollout_weight_bytes(pv.model, pv.spec.rollout_tp)
-        return cost.kv_budget_tokens(pv.model, pv.spec.rollout_tp, max(kv, 1.0))
+    def _kv_mem(self, pv: PipelineView, n: int) -> float:
+        return engine_kv_bytes(self.view, pv, n, self.gpu_memory_utilization)
+
+
+def engine_kv_bytes(view: View, pv: PipelineView, n: int, gpu_memory_utilization: float,
+                    ) -> float:
+    """Per-device KV memory of verl's rollout engine for ``pv`` on an ``n``-device slice: the
+    engine's ``gpu_memory_utilization`` of the device (less what stays resident), less its
+    weights; at least 0."""
+    cost, hbm = view.cost, view.accelerator.hbm_bytes
+    engine = min(gpu_memory_utilization * hbm, hbm - pipeline_resident_bytes(cost, pv, n))
+    return max(0.0, engine - cost.rollout_weight_bytes(pv.model, pv.spec.rollout_tp))
 
 
 # ---------------------------------------------------------------------------- placements

@@ -85,6 +85,7 @@ class SimCluster:
         """Start a rollout: rank ``r`` runs ``chunks[r]`` on its TP group of ``devices``, with
         ``kv_mem_bytes`` of KV cache per device (``first_b``, ``stream_devices``: see
         :meth:`~.rollout_task.RolloutRuntime.start`)."""
+        self.works.rollout_tps[pipe.spec.name] = tp
         self.rollouts.start(tid, pipe, step, devices, tp, share, kv_mem_bytes, chunks,
                             first_b=first_b, stream_devices=stream_devices)
         self._settle()

@@ -54,7 +54,8 @@ class Work:
 
 def stage_cost(cost: CostModelProtocol, pipe: ResolvedPipeline, stage: str, n: int,
                lens: tuple[int, ...],
-               prompts: tuple[int, ...] | None = None) -> tuple[float, float, int]:
+               prompts: tuple[int, ...] | None = None,
+               rollout_tp: int | None = None) -> tuple[float, float, int]:
     """True full-share seconds, FLOPs and tokens of a post-rollout stage or memory move of
     ``pipe`` on ``n`` devices, after a rollout whose sequences had ``lens`` tokens (``prompts``
     of them prompt tokens, in GRPO groups of ``group_size`` rows; None: not known).
@@ -76,7 +77,7 @@ def stage_cost(cost: CostModelProtocol, pipe: ResolvedPipeline, stage: str, n: i
         return (epochs * c.train_time_s(m, n, computed), epochs * c.train_flops(m, tokens),
                 tokens)
     if stage == Stage.WEIGHT_SYNC:
-        return c.weight_sync_time_s(m, n, pipe.spec.rollout_tp), 0.0, 0
+        return c.weight_sync_time_s(m, n, rollout_tp or pipe.spec.rollout_tp), 0.0, 0
     if stage in (Stage.OFFLOAD, Stage.ONLOAD):
         return c.host_transfer_time_s(c.train_state_bytes(m, n) * n, n), 0.0, 0
     raise ValueError(f"unknown stage {stage!r}")
@@ -125,6 +126,9 @@ class WorkRuntime:
         self.num_devices = num_devices
         self.streamed = streamed
         self.works: dict[str, Work] = {}
+        # pipeline -> TP its last rollout started at (a policy may run another than the
+        # config's): the engine its weight sync goes to
+        self.rollout_tps: dict[str, int] = {}
         self.residency = WorkerResidency(cost) if moves_modelled(cost) else None
         self.stage_gap_s = worker_param(cost, "stage_gap_s")
 
@@ -137,7 +141,8 @@ class WorkRuntime:
         prompts = self.step_prompts.get((pipe.spec.name, step))
         if done:  # the rows left are no longer whole groups: priced in full
             lens, prompts = tuple((Counter(lens) - done).elements()), None
-        full_s, flops, tokens = stage_cost(self.cost, pipe, stage, n, lens, prompts)
+        full_s, flops, tokens = stage_cost(self.cost, pipe, stage, n, lens, prompts,
+                                           self.rollout_tps.get(pipe.spec.name))
         if done and stage == Stage.ACTOR_UPDATE and not lens:  # the optimizer step is left
             full_s = self.cost.train_time_s(pipe.model, n, 1)
         full_s += self.cost.dispatch_time_s(pipe.model, stage, n, dp_rounds(pipe, stage, n))

@@ -17,6 +17,9 @@ How it decides (every decision point; DESIGN.md §2):
    on the CPU Ray executor, which runs a stage in one worker process; the GPU simulation is
    slower with it, ``bench paper --quick``). Where a verl placement is predicted no worse
    (memory-tight groups, one pipeline alone), that placement runs instead (:mod:`.fallback`).
+   **Rollout TP** (``tp_search``, :mod:`.tp_search`): at the first decision the configured
+   rollout TPs and their scales (×2, ×4, ×½) are each planned so, and the run keeps the ones
+   predicted soonest (where the executor forms TP groups of any width).
 3. **Dynamic allocation.** The split of a device's compute between co-located sub-stages is chosen
    from the belief slowdown table over the discrete share levels, maximising the weighted progress
    rate ``Σ w / slowdown(stage, share)`` (``dynamic_shares=False``: an equal split).
@@ -28,9 +31,10 @@ How it decides (every decision point; DESIGN.md §2):
    **Faster tails** (``tail_tp``, :mod:`.regroup`): while no stage waits for devices, a small
    tail is instead re-formed on one TP group spanning its ranks' devices (drained ranks are held
    for it meanwhile) when the belief cost model says the tail ends sooner after the re-prefill
-   and the new engine's wake-up; the width planner's forecast replays it. Only where the
-   executor can (``View.can_regroup``: the simulator on GPU-style pools; not the Ray CPU
-   workers).
+   and the new engine's wake-up; the width planner's forecast replays it. It also acts on the
+   rollouts of a verl placement jigsaw falls back to (a verl slice keeps all its ranks, and no
+   one else waits for them). Only where the executor can (``View.can_regroup``: the simulator
+   on GPU-style pools; not the Ray CPU workers).
 5. **Look-ahead.** Candidate actions — start a ready compute stage now (paired at the chosen
    split), defer it, or start another pipeline's stage first — are scored by forecasting the next
    ``depth`` events with the belief cost model (:mod:`.forecast`); ``depth=0`` is ``greedy``.
@@ -48,6 +52,7 @@ Layout (one seam per module; :class:`JigsawPolicy` only orchestrates them, and a
 through them in this order, predictions being asked for throughout):
 
 - :mod:`.params` — :class:`JigsawParams`, the validated ``scheduler.params``;
+- :mod:`.tp_search` — the rollout TPs, searched by prediction at the first decision;
 - :mod:`.fallback` — the verl placements run instead when predicted no worse (no losses);
 - :mod:`.planner`, :mod:`.widths`, :mod:`.plan_forecast` — rollout widths by critical path;
 - :mod:`.residency` — the memory plan (engine KV slices) and the train states' onload/offload;

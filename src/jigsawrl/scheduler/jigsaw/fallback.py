@@ -6,7 +6,10 @@ Where nothing can share a device (memory-tight) or a verl placement — the jobs
 is predicted to finish the group sooner than jigsaw's width plan, jigsaw runs that placement: its
 plan is never predicted worse than the best verl placement it can express. The choice is made at
 the first decision and kept (a verl job cannot be resized mid-run, nor a train state moved onto
-a verl slice for free).
+a verl slice for free). The placement is verl's; the tails are still jigsaw's: a rollout of the
+placement regroups its last requests as jigsaw's own would (:mod:`.regroup`, ``tail_tp``), and
+the placements are timed with those regroups replayed, as jigsaw's own forecast replays its own
+(like for like: the choice does not lean to either side).
 
 The prediction reads only what a policy may see (DESIGN.md §6): each placement is timed with
 :class:`~jigsawrl.scheduler.verl_placements.JobTimer` — the task presets' length priors and the
@@ -26,6 +29,7 @@ from jigsawrl.errors import ConfigError
 from jigsawrl.scheduler.base import Policy, View
 from jigsawrl.scheduler.verl import VerlPolicy
 from jigsawrl.scheduler.verl_placements import (
+    GenReplay,
     JobTimer,
     fits,
     longest_first,
@@ -58,9 +62,15 @@ class VerlPlan:
 
 
 def verl_plans(view: View,
-               gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION) -> list[VerlPlan]:
-    """The feasible verl placements of the group, each with its predicted makespan."""
-    timer = JobTimer(view, gpu_memory_utilization)
+               gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+               gen_replay: GenReplay | None = None) -> list[VerlPlan]:
+    """The feasible verl placements of the group, each with its predicted makespan.
+
+    ``gen_replay``: how the jobs' rollouts are timed when run under jigsaw (its regrouped tails,
+    :func:`~.regroup.placed_replay`). The placements themselves are verl's, sized and ordered
+    as verl sizes and orders them (without it); only their timing uses it."""
+    plain = JobTimer(view, gpu_memory_utilization)
+    timer = plain if gen_replay is None else JobTimer(view, gpu_memory_utilization, gen_replay)
     n = len(view.devices)
     gmu = gpu_memory_utilization
     out: list[VerlPlan] = []
@@ -69,32 +79,34 @@ def verl_plans(view: View,
                             lambda: VerlPolicy("serial", gmu)))
     if len(view.pipelines) > 1:
         try:
-            placed = sized_split(view, timer)
+            placed = sized_split(view, plain)
         except ConfigError:
             placed = {}
         if placed:
             span = max(timer.job_s(p, len(placed[p.name])) for p in view.pipelines)
             out.append(VerlPlan("verl-sized", span, lambda: VerlPolicy("sized", gmu)))
     for k in queue_widths(view):
-        out.append(VerlPlan(f"verl-queue-{k}", _queue_s(view, timer, k),
+        out.append(VerlPlan(f"verl-queue-{k}", _queue_s(view, plain, timer, k),
                             lambda k=k: VerlPolicy("queue", gmu, k)))  # type: ignore[misc]
     return out
 
 
-def _queue_s(view: View, timer: JobTimer, k: int) -> float:
-    """Predicted makespan of ``verl-queue-k``: the jobs, longest first, each taking the first
-    slice to free up (as the queue runs them)."""
+def _queue_s(view: View, plain: JobTimer, timer: JobTimer, k: int) -> float:
+    """Predicted makespan of ``verl-queue-k``: the jobs, longest first (as verl orders them,
+    by ``plain``), each taking the first slice to free up (as the queue runs them), timed by
+    ``timer``."""
     size = queue_slice_size(view, k)
     by_name = {p.name: p for p in view.pipelines}
     free = [0.0] * k
-    for name in longest_first(view, timer, size):
+    for name in longest_first(view, plain, size):
         p = by_name[name]
         start = heapq.heappop(free)
         heapq.heappush(free, start + timer.job_s(p, usable(p, size)))
     return max(free)
 
 
-def best_verl(view: View) -> VerlPlan | None:
-    """The verl placement predicted fastest, or None when none is feasible."""
-    plans = verl_plans(view)
+def best_verl(view: View, gen_replay: GenReplay | None = None) -> VerlPlan | None:
+    """The verl placement predicted fastest (timed with ``gen_replay``: :func:`verl_plans`), or
+    None when none is feasible."""
+    plans = verl_plans(view, gen_replay=gen_replay)
     return min(plans, key=lambda p: p.makespan_s) if plans else None

@@ -30,6 +30,9 @@ class JigsawParams:
             devices; off: the ablation).
         fallback: run the best verl placement instead when it is predicted to finish sooner
             (:mod:`.fallback`; off: always jigsaw's own plan).
+        tp_search: run the rollout TPs predicted soonest among the config's scaled by
+            ``rollout_tp.TP_FACTORS`` (:mod:`.tp_search`; only where the executor forms TP
+            groups of any width; off: the config's TPs).
 
     Raises:
         ConfigError: a depth below 0, or a count below 1.
@@ -47,6 +50,7 @@ class JigsawParams:
     plan_widths: bool = True
     fallback: bool = True
     tail_tp: bool = True
+    tp_search: bool = True
 
     def __post_init__(self) -> None:
         if (self.depth < 0 or self.max_colocated < 1 or self.tail_batch < 1

@@ -27,9 +27,12 @@ from jigsawrl.scheduler.jigsaw.params import JigsawParams
 from jigsawrl.scheduler.jigsaw.placement import Placement
 from jigsawrl.scheduler.jigsaw.planner import WidthPlanner
 from jigsawrl.scheduler.jigsaw.prediction import StepPredictions
+from jigsawrl.scheduler.jigsaw.regroup import placed_replay
 from jigsawrl.scheduler.jigsaw.residency import Residency
 from jigsawrl.scheduler.jigsaw.shares import ShareAssigner
 from jigsawrl.scheduler.jigsaw.tail import TailMigration
+from jigsawrl.scheduler.jigsaw.tp_search import TPChoice, search_tp
+from jigsawrl.scheduler.rollout_tp import retp_view
 from jigsawrl.stages import HOST_STAGES, MODEL_PASSES, Stage
 
 
@@ -60,14 +63,15 @@ class JigsawPolicy(PolicyBase):
                  max_colocated: int = 1, tail_requests: int = 128, tail_batch: int = 64,
                  history_window: int = 3, min_rollout_fraction: float = 0.5,
                  max_train_states: int = 1, plan_widths: bool = True, fallback: bool = True,
-                 tail_tp: bool = True, name: str = "jigsaw") -> None:
+                 tail_tp: bool = True, tp_search: bool = True, name: str = "jigsaw") -> None:
         self.params = JigsawParams(
             depth=depth, migration=migration, dynamic_shares=dynamic_shares,
             max_colocated=max_colocated, tail_requests=tail_requests, tail_batch=tail_batch,
             history_window=history_window, min_rollout_fraction=min_rollout_fraction,
             max_train_states=max_train_states, plan_widths=plan_widths, fallback=fallback,
-            tail_tp=tail_tp)
+            tail_tp=tail_tp, tp_search=tp_search)
         self.name = name
+        self.tp: TPChoice | None = None  # the rollout TPs searched at the first decision
         self.choice: PlanChoice | None = None  # what the first decision chose, and why
         self._delegate: Policy | None = None  # the verl placement run instead, if any
         self.residency = Residency(self.params)
@@ -89,13 +93,19 @@ class JigsawPolicy(PolicyBase):
         if self.choice is not None:
             out["plan"] = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
                            for k, v in asdict(self.choice).items()}
+        if self.tp is not None:
+            out["rollout_tp"] = {"runs": self.tp.tps or "configured", "predicted_s": {
+                k: (None if not math.isfinite(v) else v) for k, v in self.tp.predicted_s.items()}}
         return out
 
     def decide(self, view: View) -> Decision:
         if self.choice is None:
-            self.choice = self._choose_plan(view)
+            if self.params.tp_search and view.can_regroup:
+                self.tp = search_tp(view, self._predict_plan_s)
+            self.choice = self._choose_plan(self._retp(view))
+        view = self._retp(view)
         if self._delegate is not None:
-            return self._delegate.decide(view)
+            return self._delegate_decide(view)
         board = self._boards.board(view)
         urgent = self.predictions.by_urgency(view)  # the train-state slot by urgency
         first = {pv.name for pv in urgent}
@@ -108,6 +118,15 @@ class JigsawPolicy(PolicyBase):
         self._acted = bool(actions)
         return Decision(tuple(actions))
 
+    def _delegate_decide(self, view: View) -> Decision:
+        """The verl placement's decision, with jigsaw's tail regroups of its rollouts."""
+        d = self._delegate.decide(view)
+        kv = getattr(self._delegate, "kv_mem_bytes", None)
+        if kv is None:
+            return d
+        regroups = self.tail.regroup_placed(view, lambda pv, t: kv(view, pv, t.devices))
+        return Decision(d.actions + tuple(regroups)) if regroups else d
+
     def wakes_on_progress(self, task: RunningTask, unfinished: Sequence[int]) -> bool:
         """Only the tail migration reads per-rank counts: a report wakes jigsaw when the
         migration could act on the rollout now (a verl placement it fell back to never reads
@@ -117,10 +136,27 @@ class JigsawPolicy(PolicyBase):
         grows), and a decision that changed the pool (the next one settles what it started:
         a new rollout's ranks get their shares)."""
         if self._delegate is not None:
-            return self._delegate.wants_rank_progress and self._delegate.wakes_on_progress(
-                task, unfinished)
+            live = [r for r, s in enumerate(task.rank_shares) if s > 0]
+            return (self._delegate.wants_rank_progress and self._delegate.wakes_on_progress(
+                task, unfinished)) or (task.stage == Stage.ROLLOUT and len(live) > 1 and len(
+                    unfinished) >= len(task.rank_devices) and self.tail.regroup.wakes(
+                    task, unfinished, live))
         return self.choice is None or self._acted or self._deferred or self.shares.weighed or (
             self.params.migration and self.tail.wakes(task, unfinished))
+
+    def _retp(self, view: View) -> View:
+        """The view with the rollout TPs the search chose (the view itself: the config's)."""
+        return retp_view(view, self.tp.tps) if self.tp is not None and self.tp.tps else view
+
+    def _predict_plan_s(self, view: View) -> float:
+        """The makespan a fresh jigsaw of these parameters predicts for what it would run on
+        ``view`` (its plan or the verl placement it falls back to; inf: nothing fits)."""
+        fresh = JigsawPolicy(**{**asdict(self.params), "tp_search": False})
+        try:
+            ch = fresh._choose_plan(view)
+        except ConfigError:
+            return math.inf
+        return ch.jigsaw_s if ch.runs == "jigsaw" else (ch.verl_s or math.inf)
 
     def _choose_plan(self, view: View) -> PlanChoice:
         """jigsaw's width plan, or the verl placement predicted to finish sooner (module
@@ -135,7 +171,9 @@ class JigsawPolicy(PolicyBase):
             ours = self.planner.current(view).result.makespan_s
         except ConfigError as exc:  # not even the tight memory plan fits
             error, ours = exc, math.inf
-        verl = best_verl(view) if self.params.fallback else None
+        regroups = self.params.tail_tp and self.params.migration and view.can_regroup
+        replay = placed_replay(view, self.params.tail_requests) if regroups else None
+        verl = best_verl(view, replay) if self.params.fallback else None
         if verl is not None and verl.makespan_s <= ours * (1.0 + MARGIN):
             self._delegate = verl.build()
             return PlanChoice(verl.name, ours, verl.name, verl.makespan_s)

@@ -11,10 +11,11 @@ simulator charges it), all with the belief cost model. Once a rollout regrouped 
 alone.
 
 What is known of the rest of the tail is only this step's context per rank (prompt plus what was
-generated) and the lengths of finished steps: the remaining tokens of the longest request are
-estimated as the longest response of the last observed step less the mean generated so far
-(the response cap before a first step; half of what is left below the cap once the tail
-outgrew that). A heuristic, stated as one: no sampled length is read.
+generated) and the lengths of finished steps: the remaining tokens of the last of ``k``
+unfinished requests are estimated as the ``k / (k + 1)`` quantile of what the last finished
+step's lengths (the task preset's prior before one) leave beyond the mean generated so far — the
+expected longest of ``k`` draws given they got this far (half of what the cap leaves once the tail
+outgrew everything seen). A heuristic, stated as one: no sampled length is read.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from collections.abc import Sequence
 from jigsawrl.costmodel.protocol import CostModelProtocol
 from jigsawrl.graph.build import rank_segments
 from jigsawrl.scheduler.base import PipelineView, Regroup, RunningTask, View
+from jigsawrl.scheduler.verl_placements import GenReplay, prior_requests
 from jigsawrl.sim.rollout import RolloutInstance
 from jigsawrl.workload.task_presets import TASKS
 
@@ -80,6 +82,18 @@ def replay_s(cost: CostModelProtocol, pv: PipelineView, inst: RolloutInstance, r
     return min(plain, end)
 
 
+def placed_replay(view: View, tail_requests: int) -> GenReplay:
+    """How a rank of a verl job's rollout is timed when jigsaw runs the placement and regroups
+    its tails (:func:`~.tail.TailMigration.regroup_placed`): :func:`replay_s` on the widest TP
+    group the job's ranks reach within one node."""
+    cost, per_node = view.cost, view.accelerators_per_node
+
+    def replay(pv: PipelineView, inst: RolloutInstance, ranks: int, kv_mem: float) -> float:
+        group = widest_tp(min(ranks * inst.tp, per_node), pv.model.num_heads)
+        return replay_s(cost, pv, inst, ranks, group, kv_mem, tail_requests)
+    return replay
+
+
 class TailRegroup:
     """Which rollouts to regroup, and which drained ranks to hold for it (module docstring)."""
 
@@ -88,6 +102,8 @@ class TailRegroup:
         self.can = False  # the last view's executor runs Regroup
         self._done: set[str] = set()  # rollouts that regrouped
         self._busy_seen: dict[str, int] = {}  # busy ranks when a decision last saw the rollout
+        # pipeline -> (the step they come from, -1: the prior; lengths seen, sorted)
+        self._lengths: dict[str, tuple[int, list[int]]] = {}
         self.count = 0
 
     def active(self, view: View) -> bool:
@@ -160,15 +176,27 @@ class TailRegroup:
         before = max(cost.decode_iter_time_s(m, len(t.rank_devices[r]), counts[r],
                                              max(1, ctx[r])) for r in busy)
         after = cost.decode_iter_time_s(m, tp, total, max(1, total_ctx))
-        cap = pv.spec.max_response_tokens
         generated = max(0.0, total_ctx / total - prompt)
-        longest = max(pv.history[-1].response_tokens, default=cap) if pv.history else cap
-        left = longest - generated
-        if left <= 0:  # longer than anything seen: assume half of what the cap leaves
-            left = max(0.0, cap - generated) / 2
+        left = self._tokens_left(pv, generated, total)
         prefill = cost.prefill_time_s(m, tp, max(1, total_ctx), 0, 1.0, num_seqs=total)
         wake = cost.weight_sync_time_s(m, tp, tp)
         return left * (before - after) - GAIN_OVER_COST * (prefill + wake)
+
+    def _tokens_left(self, pv: PipelineView, generated: float, count: int) -> float:
+        """Tokens the last of ``count`` unfinished requests, each ``generated`` tokens in, still
+        has to generate: the ``count / (count + 1)`` quantile of what the lengths seen so far
+        (the last finished step, or the task preset's prior before one) leave beyond
+        ``generated`` — the expected longest of ``count`` draws, given they got this far."""
+        lengths = self._lengths.get(pv.name)
+        src = pv.history[-1].step if pv.history else -1
+        if lengths is None or lengths[0] != src:
+            seen = (pv.history[-1].response_tokens if pv.history else
+                    tuple(r.generated_tokens for r in prior_requests(pv)))
+            lengths = self._lengths[pv.name] = (src, sorted(seen))
+        longer = [n - generated for n in lengths[1] if n > generated]
+        if not longer:  # longer than anything seen: half of what the cap leaves
+            return max(0.0, pv.spec.max_response_tokens - generated) / 2
+        return longer[int(count / (count + 1) * (len(longer) - 1))]
 
     def forget(self, live_tasks: set[str]) -> None:
         """Drop what is kept of rollouts that finished."""

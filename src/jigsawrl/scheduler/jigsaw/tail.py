@@ -12,7 +12,7 @@ ranks being held for it meanwhile.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from jigsawrl.scheduler.base import Action, Migrate, PipelineView, Regroup, RunningTask, View
 from jigsawrl.scheduler.jigsaw.board import Board
@@ -106,6 +106,29 @@ class TailMigration:
                     else:
                         b.release_ranks(act)
         return actions
+
+    def regroup_placed(self, view: View, kv_mem: Callable[[PipelineView, RunningTask], float],
+                       ) -> list[Regroup]:
+        """Regroups of the rollouts of a verl placement jigsaw runs instead of its own plan
+        (:mod:`.fallback`): a verl job's slice is its own and keeps every rank to the end, so
+        no stage waits for those devices and no drained rank was released; ``kv_mem``: the
+        per-device KV memory its engine was started with."""
+        if not (self.params.tail_tp and self.params.migration and self.regroup.active(view)):
+            return []
+        self.regroup.forget({t.task_id for pv in view.pipelines for t in pv.running})
+        out: list[Regroup] = []
+        for pv in view.pipelines:
+            for t in pv.running:
+                if t.stage != Stage.ROLLOUT or len(t.unfinished_per_rank) < len(t.rank_devices):
+                    continue
+                live = [r for r, s in enumerate(t.rank_shares) if s > 0]
+                if len(live) < 2:
+                    continue
+                act = self.regroup.plan(view, pv, t, live, self.params.tail_requests,
+                                        kv_mem(pv, t))
+                if act is not None:
+                    out.append(act)
+        return out
 
     def _compute_waiting(self, view: View, b: Board) -> bool:
         """Is a compute-bound stage of another pipeline ready to start? Only then do freed
