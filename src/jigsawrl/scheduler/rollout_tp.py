@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from jigsawrl.config import PipelineSpec
 from jigsawrl.costmodel.memory import response_kv_room
 from jigsawrl.errors import ConfigError
 from jigsawrl.scheduler.base import (
@@ -75,12 +76,21 @@ def is_configured(view: View, tps: Mapping[str, int]) -> bool:
                for pv in view.pipelines)
 
 
-def retp_view(view: View, tps: Mapping[str, int]) -> View:
-    """``view`` with each named pipeline's ``spec.rollout_tp`` replaced by ``tps``."""
+def retp_view(view: View, tps: Mapping[str, int],
+              specs: dict[str, PipelineSpec] | None = None) -> View:
+    """``view`` with each named pipeline's ``spec.rollout_tp`` replaced by ``tps``; ``specs``:
+    the replaced specs kept across the views of one run (a spec does not change in a run, and a
+    policy asks for this view at every decision)."""
+    specs = {} if specs is None else specs
+
+    def spec(pv: PipelineView) -> PipelineSpec:
+        got = specs.get(pv.name)
+        if got is None:
+            got = specs[pv.name] = pv.spec.model_copy(update={"rollout_tp": tps[pv.name]})
+        return got
     return replace(view, pipelines=tuple(
-        replace(pv, spec=pv.spec.model_copy(update={"rollout_tp": tps[pv.name]}))
-        if tps.get(pv.name, pv.spec.rollout_tp) != pv.spec.rollout_tp else pv
-        for pv in view.pipelines))
+        replace(pv, spec=spec(pv)) if tps.get(pv.name, pv.spec.rollout_tp) != pv.spec.rollout_tp
+        else pv for pv in view.pipelines))
 
 
 def label(tps: Mapping[str, int]) -> str:
@@ -107,6 +117,7 @@ class RolloutTP(PolicyBase):
         self.inner = inner
         self.factor = factor
         self.tps: dict[str, int] | None = None
+        self._specs: dict[str, PipelineSpec] = {}  # pipeline -> its spec at those TPs
         self.wants_rank_progress = inner.wants_rank_progress
 
     @property
@@ -126,13 +137,10 @@ class RolloutTP(PolicyBase):
             for pv in view.pipelines:
                 check_rollout_tp(view, pv, tps[pv.name])
             self.tps = tps
-        return self.inner.decide(retp_view(view, self.tps))
+        return self.inner.decide(retp_view(view, self.tps, self._specs))
 
     def wakes_on_progress(self, task: RunningTask, unfinished: Sequence[int]) -> bool:
         return self.inner.wakes_on_progress(task, unfinished)
-
-    def variants(self) -> Sequence[Policy]:
-        return [self]
 
     def report(self) -> dict[str, Any]:
         return {**self.inner.report(), "rollout_tp": dict(self.tps or {})}

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from jigsawrl.config import PipelineSpec
 from jigsawrl.errors import ConfigError
 from jigsawrl.scheduler.base import (
     Action,
@@ -72,6 +73,7 @@ class JigsawPolicy(PolicyBase):
             tail_tp=tail_tp, tp_search=tp_search)
         self.name = name
         self.tp: TPChoice | None = None  # the rollout TPs searched at the first decision
+        self._specs: dict[str, PipelineSpec] = {}  # pipeline -> its spec at those TPs
         self.choice: PlanChoice | None = None  # what the first decision chose, and why
         self._delegate: Policy | None = None  # the verl placement run instead, if any
         self.residency = Residency(self.params)
@@ -99,11 +101,11 @@ class JigsawPolicy(PolicyBase):
         return out
 
     def decide(self, view: View) -> Decision:
-        if self.choice is None:
-            if self.params.tp_search and view.can_regroup:
-                self.tp = search_tp(view, self._predict_plan_s)
-            self.choice = self._choose_plan(self._retp(view))
+        if self.choice is None and self.params.tp_search and view.can_regroup:
+            self.tp = search_tp(view, self._predict_plan_s)
         view = self._retp(view)
+        if self.choice is None:
+            self.choice = self._choose_plan(view)
         if self._delegate is not None:
             return self._delegate_decide(view)
         board = self._boards.board(view)
@@ -136,17 +138,16 @@ class JigsawPolicy(PolicyBase):
         grows), and a decision that changed the pool (the next one settles what it started:
         a new rollout's ranks get their shares)."""
         if self._delegate is not None:
-            live = [r for r, s in enumerate(task.rank_shares) if s > 0]
             return (self._delegate.wants_rank_progress and self._delegate.wakes_on_progress(
-                task, unfinished)) or (task.stage == Stage.ROLLOUT and len(live) > 1 and len(
-                    unfinished) >= len(task.rank_devices) and self.tail.regroup.wakes(
-                    task, unfinished, live))
+                task, unfinished)) or self.tail.placed_wakes(task, unfinished)
         return self.choice is None or self._acted or self._deferred or self.shares.weighed or (
             self.params.migration and self.tail.wakes(task, unfinished))
 
     def _retp(self, view: View) -> View:
         """The view with the rollout TPs the search chose (the view itself: the config's)."""
-        return retp_view(view, self.tp.tps) if self.tp is not None and self.tp.tps else view
+        if self.tp is None or not self.tp.tps:
+            return view
+        return retp_view(view, self.tp.tps, self._specs)
 
     def _predict_plan_s(self, view: View) -> float:
         """The makespan a fresh jigsaw of these parameters predicts for what it would run on
@@ -171,8 +172,8 @@ class JigsawPolicy(PolicyBase):
             ours = self.planner.current(view).result.makespan_s
         except ConfigError as exc:  # not even the tight memory plan fits
             error, ours = exc, math.inf
-        regroups = self.params.tail_tp and self.params.migration and view.can_regroup
-        replay = placed_replay(view, self.params.tail_requests) if regroups else None
+        replay = placed_replay(view, self.params.tail_requests) if self.tail.regroups(
+            view) else None
         verl = best_verl(view, replay) if self.params.fallback else None
         if verl is not None and verl.makespan_s <= ours * (1.0 + MARGIN):
             self._delegate = verl.build()

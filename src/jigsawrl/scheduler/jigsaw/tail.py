@@ -113,22 +113,37 @@ class TailMigration:
         (:mod:`.fallback`): a verl job's slice is its own and keeps every rank to the end, so
         no stage waits for those devices and no drained rank was released; ``kv_mem``: the
         per-device KV memory its engine was started with."""
-        if not (self.params.tail_tp and self.params.migration and self.regroup.active(view)):
+        if not (self.regroups(view) and self.regroup.active(view)):
             return []
         self.regroup.forget({t.task_id for pv in view.pipelines for t in pv.running})
         out: list[Regroup] = []
         for pv in view.pipelines:
             for t in pv.running:
-                if t.stage != Stage.ROLLOUT or len(t.unfinished_per_rank) < len(t.rank_devices):
-                    continue
-                live = [r for r, s in enumerate(t.rank_shares) if s > 0]
-                if len(live) < 2:
-                    continue
-                act = self.regroup.plan(view, pv, t, live, self.params.tail_requests,
-                                        kv_mem(pv, t))
+                live = self._placed_live(t, t.unfinished_per_rank)
+                act = None if live is None else self.regroup.plan(
+                    view, pv, t, live, self.params.tail_requests, kv_mem(pv, t))
                 if act is not None:
                     out.append(act)
         return out
+
+    def regroups(self, view: View) -> bool:
+        """Whether tails regroup on this view's executor (``tail_tp``, under ``migration``)."""
+        return self.params.tail_tp and self.params.migration and view.can_regroup
+
+    def placed_wakes(self, t: RunningTask, counts: Sequence[int]) -> bool:
+        """Could :meth:`regroup_placed` act on rollout ``t`` with ``counts`` unfinished per rank
+        (one more of its held ranks drained)?"""
+        live = self._placed_live(t, counts)
+        return live is not None and self.regroup.wakes(t, counts, live)
+
+    @staticmethod
+    def _placed_live(t: RunningTask, counts: Sequence[int]) -> list[int] | None:
+        """The live ranks of a placed rollout a regroup may act on; None: not a rollout, no
+        progress report yet, or fewer than two live ranks."""
+        if t.stage != Stage.ROLLOUT or len(counts) < len(t.rank_devices):
+            return None
+        live = [r for r, s in enumerate(t.rank_shares) if s > 0]
+        return live if len(live) >= 2 else None
 
     def _compute_waiting(self, view: View, b: Board) -> bool:
         """Is a compute-bound stage of another pipeline ready to start? Only then do freed
