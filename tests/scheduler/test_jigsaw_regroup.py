@@ -13,8 +13,8 @@ from jigsawrl.executors.simulated import SimulatedExecutor
 from jigsawrl.experiments.core import drive
 from jigsawrl.experiments.resolve import resolve
 from jigsawrl.experiments.simulated import TRUTH_NOISE_SIGMA, make_cost, run_once
-from jigsawrl.graph.build import rank_segments
 from jigsawrl.scheduler import Migrate, Regroup, get_policy
+from jigsawrl.scheduler.batch_replay import plain_s
 from jigsawrl.scheduler.jigsaw import JigsawPolicy
 from jigsawrl.scheduler.jigsaw.fallback import best_verl, verl_plans
 from jigsawrl.scheduler.jigsaw.policy import PlanChoice
@@ -60,27 +60,45 @@ def test_no_regroup_where_the_executor_cannot() -> None:
     assert any(isinstance(a, Migrate) for a in acts)  # drained ranks are released as before
 
 
-def test_forecast_replay_regroups_only_when_it_ends_sooner() -> None:
+def _ranks_setup():  # noqa: ANN202
     exp = solo()
     cost = make_cost(exp)
     pv = DriverState(exp).view(0.0, cost).pipelines[0]
-    # one long request and 40 short ones per rank: 164 unfinished over 4 ranks at first, 4
-    # once the short ones finished (a tail that fits one TP-4 group)
-    reqs = [RequestTruth(f"r{i}", 100, (TurnTruth(n),))
-            for i, n in enumerate([1900] + [50] * 40)]
 
-    def inst() -> RolloutInstance:
-        got = RolloutInstance("x", pv.model, 1, cost, kv_budget_tokens=200_000)
-        got.add(reqs)
-        return got
+    def reqs(long: int) -> list[RequestTruth]:
+        return [RequestTruth(f"r{long}/{i}", 100, (TurnTruth(n),))
+                for i, n in enumerate([long] + [50] * 40)]
 
-    plain = rank_segments(inst())[-1][2]
-    assert replay_s(cost, pv, inst(), 4, 1, 60e9, 128) == pytest.approx(plain)
-    wide = replay_s(cost, pv, inst(), 4, 4, 60e9, 128)
-    assert wide < plain  # four long requests on four devices: a quarter of the weights each
-    # a group that would have to take the short requests too (a limit above 164) is not
-    # taken when it ends later: never predicted worse than the plain replay
-    assert replay_s(cost, pv, inst(), 4, 4, 60e9, 1000) <= plain
+    def inst(name: str = "x") -> RolloutInstance:
+        return RolloutInstance(name, pv.model, 1, cost, kv_budget_tokens=200_000)
+    return cost, pv, reqs, inst
+
+
+def test_forecast_replay_regroups_only_when_it_ends_sooner() -> None:
+    cost, pv, reqs, inst = _ranks_setup()
+    # one rank with a long request, three whose longest is shorter: once they drain, the one
+    # long request left fits a TP-4 group
+    ranks = [reqs(1900), reqs(400), reqs(400), reqs(400)]
+    plain = plain_s(ranks, inst)
+    assert plain == pytest.approx(plain_s(ranks[:1], inst))  # the slowest rank is the rollout
+    assert replay_s(cost, pv, ranks, inst, 1, 60e9, 128) == pytest.approx(plain)
+    wide = replay_s(cost, pv, ranks, inst, 4, 60e9, 128)
+    assert wide < plain  # the long request on four devices: a quarter of the weights each
+    # a group that would take the short requests too (a limit above 164 at the first drain)
+    # is not taken when it ends later: never predicted worse than the plain replay
+    assert replay_s(cost, pv, ranks, inst, 4, 60e9, 1000) <= plain
+
+
+def test_forecast_replay_weighs_a_regroup_only_when_a_rank_drains() -> None:
+    """The ranks are replayed together, not one rank standing for all: like the policy, which
+    holds drained ranks for a group, the replay forms one only once a rank has drained — alike
+    ranks draining together leave nothing to regroup."""
+    cost, pv, reqs, inst = _ranks_setup()
+    alike = [reqs(1900)] * 4
+    assert replay_s(cost, pv, alike, inst, 4, 60e9, 128) == pytest.approx(plain_s(alike, inst))
+    # one rank draining early is enough for the tails of the other three (three requests)
+    early = [reqs(1900), reqs(1900), reqs(1900), reqs(400)]
+    assert replay_s(cost, pv, early, inst, 4, 60e9, 128) < plain_s(early, inst)
 
 
 class FallsBack(JigsawPolicy):
@@ -109,8 +127,10 @@ def test_a_verl_placement_jigsaw_falls_back_to_regroups_its_tails() -> None:
 def test_verl_placements_jigsaw_would_run_are_timed_with_its_regroups() -> None:
     """The fallback compares like for like: a verl placement jigsaw runs regroups its tails, so
     its predicted makespan replays them (never later than without); the placements themselves
-    (names, slices) are verl's own."""
-    exp = resolve(cfg(n=2, devices=8, batch=32, task="math", steps=2, model="qwen3-4b"))
+    (names, slices) are verl's own. (MATH up to 4,096 tokens: at 2,048 the ranks drain within a
+    second of each other, too close for a regroup to repay its wake-up.)"""
+    exp = resolve(cfg(n=2, devices=8, batch=32, task="math", steps=2, model="qwen3-4b",
+                      max_response_tokens=4096))
     state = DriverState(exp)
     state.can_regroup = True
     view = state.view(0.0, make_cost(exp))

@@ -44,11 +44,13 @@ def split_ranks(requests: list[RequestTruth], n_ranks: int) -> list[list[Request
 
 def rank_segments(inst: RolloutInstance, *, t0: float = 0.0,
                   stop: Callable[[float, RolloutInstance], bool] | None = None,
-                  ) -> list[tuple[str, float, float, int]]:
+                  until: float | None = None) -> list[tuple[str, float, float, int]]:
     """Run one instance alone to completion at full share: ``(kind, start, end, tokens)``.
 
     From time ``t0``; ``stop``: asked after each segment that leaves no tool call out, with the
     time and the instance; true stops there (the instance keeps its state, to be run on).
+    ``until``: stop at that time, a decode segment in flight then cut there (as an executor
+    interrupts it) — or, with a tool call out, at the first moment after it with none.
 
     Mirrors the simulated executor exactly: a tool result arriving during a decode segment
     interrupts it (the request joins at the next iteration); one arriving during a prefill waits
@@ -61,6 +63,8 @@ def rank_segments(inst: RolloutInstance, *, t0: float = 0.0,
     while not inst.done:
         while tools and tools[0][0] <= t:
             inst.tool_returned(heapq.heappop(tools)[2])
+        if until is not None and t >= until and not tools:
+            break
         seg = inst.next_segment(t, 1.0)
         if seg is None:
             nxt = tools[0][0]
@@ -71,6 +75,9 @@ def rank_segments(inst: RolloutInstance, *, t0: float = 0.0,
         if seg.iters and tools and tools[0][0] < end:
             res, seg = inst.interrupt(seg, tools[0][0])
             end = tools[0][0]
+        elif seg.iters and until is not None and not tools and t < until < end:
+            res, seg = inst.interrupt(seg, until)
+            end = until
         else:
             res = inst.finish_segment(seg)
         out.append((seg.kind, t, end, seg.tokens))

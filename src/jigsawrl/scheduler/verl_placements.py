@@ -21,9 +21,11 @@ trace is not read (a drift is unknown before the run; a trace file is I/O, which
 do): a documented simplification.
 
 **The prediction.** A job's duration on ``n`` devices is its steps × (generation + post-rollout
-stages). Generation is the timeline of the rank holding the longest predicted request under the
-same continuous-batching model the simulator runs (``sim/rollout.py``), with the KV budget verl's
-engine would get on that slice; the post-rollout stages are ``graph/build.py``'s on ``n``
+stages). Generation is the slowest rank's timeline, each rank with its contiguous chunk of a
+batch drawn from the task preset's prior (verl's dispatch; averaged over a few draws:
+``scheduler/batch_replay.py``), under the same continuous-batching model the simulator runs
+(``sim/rollout.py``), with the KV budget verl's engine would get on that slice; the post-rollout
+stages are ``graph/build.py``'s on ``n``
 devices. So a tail-bound job is predicted to gain little from more devices, as it does.
 
 **Sizes.** Slices are whole TP groups (the least common multiple of ``rollout_tp`` and
@@ -40,13 +42,14 @@ heuristic otherwise. Queue slices are node-aligned the same way (:func:`queue_sl
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from statistics import NormalDist
 
 from jigsawrl.costmodel import CostModelProtocol
 from jigsawrl.errors import ConfigError
-from jigsawrl.graph.build import post_rollout_stages, rank_segments
+from jigsawrl.graph.build import post_rollout_stages
 from jigsawrl.scheduler.base import PipelineView, View
+from jigsawrl.scheduler.batch_replay import RanksReplay, prior_batches, rollout_s
 from jigsawrl.sim.rollout import RolloutInstance
 from jigsawrl.workload.requests import RequestTruth, TurnTruth
 from jigsawrl.workload.task_presets import TASKS, TaskSpec
@@ -159,28 +162,24 @@ def _turns(task: TaskSpec, length: float, cap: int) -> tuple[TurnTruth, ...]:
     return tuple(turns)
 
 
-# (pipeline, one rank's rollout instance with its requests added, ranks, KV bytes per device)
-# -> seconds that rank's generation takes
-GenReplay = Callable[[PipelineView, RolloutInstance, int, float], float]
-
-
 class JobTimer:
     """Predicted durations of whole jobs (all steps) on slices of the pool, cached per size.
 
     Args:
         view: the first view (pipelines, pool, belief cost model).
         gpu_memory_utilization: the engine's share of device memory, as the policy runs it.
-        gen_replay: how a rollout rank's generation is replayed instead of plainly (its
-            seconds): a policy that speeds up the tails of verl's jobs (jigsaw running a verl
+        gen_replay: how a rollout's ranks are replayed instead of plainly (the seconds its
+            generation takes): a policy that speeds up the tails of verl's jobs (jigsaw running a verl
             placement regroups them) times them with it; verl's own sizing never does.
     """
 
     def __init__(self, view: View, gpu_memory_utilization: float,
-                 gen_replay: GenReplay | None = None) -> None:
+                 gen_replay: RanksReplay | None = None) -> None:
         self.view = view
         self.gpu_memory_utilization = gpu_memory_utilization
         self.gen_replay = gen_replay
         self._requests: dict[str, list[RequestTruth]] = {}
+        self._batches: dict[str, list[list[RequestTruth]]] = {}
         self._cache: dict[tuple[str, int], float] = {}
 
     def job_s(self, pv: PipelineView, n: int) -> float:
@@ -194,18 +193,18 @@ class JobTimer:
         """Predicted seconds of one step on ``n`` devices: generation + post-rollout stages."""
         cost, spec = self.view.cost, pv.spec
         reqs = self._requests.setdefault(pv.name, prior_requests(pv))
+        batches = self._batches.get(pv.name)
+        if batches is None:
+            batches = self._batches[pv.name] = prior_batches(pv, reqs)
         ranks = max(1, n // spec.rollout_tp)
-        ordered = sorted(reqs, key=lambda r: -r.generated_tokens)
         kv_mem = self._kv_mem(pv, n)
-        inst = RolloutInstance(f"{pv.name}/prior", pv.model, spec.rollout_tp, cost,
-                               kv_budget_tokens=max(1, cost.kv_budget_tokens(
-                                   pv.model, spec.rollout_tp, max(kv_mem, 1.0))))
-        inst.add(ordered[::ranks])  # the rank with the longest request, and a fair mix
-        if self.gen_replay is not None:
-            gen = self.gen_replay(pv, inst, ranks, kv_mem)
-        else:
-            segs = rank_segments(inst)
-            gen = segs[-1][2] if segs else 0.0
+        kv = max(1, cost.kv_budget_tokens(pv.model, spec.rollout_tp, max(kv_mem, 1.0)))
+
+        def instance(name: str) -> RolloutInstance:
+            return RolloutInstance(f"{pv.name}/prior/{name}", pv.model, spec.rollout_tp, cost,
+                                   kv_budget_tokens=kv)
+        # every rank with its contiguous chunk of a batch drawn from the prior (batch_replay)
+        gen = rollout_s(pv, batches, ranks, instance, kv_mem, self.gen_replay)
         tokens = sum(r.total_tokens for r in reqs)
         stages = post_rollout_stages(cost, pv.model, n, tokens, len(reqs), use_ref=spec.use_ref,
                                      ppo_epochs=spec.train.ppo_epochs,

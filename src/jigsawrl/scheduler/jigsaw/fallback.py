@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 from jigsawrl.errors import ConfigError
 from jigsawrl.scheduler.base import Policy, View
+from jigsawrl.scheduler.batch_replay import RanksReplay
 from jigsawrl.scheduler.verl import VerlPolicy
 from jigsawrl.scheduler.verl_placements import (
-    GenReplay,
     JobTimer,
     fits,
     longest_first,
@@ -63,7 +63,7 @@ class VerlPlan:
 
 def verl_plans(view: View,
                gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
-               gen_replay: GenReplay | None = None) -> list[VerlPlan]:
+               gen_replay: RanksReplay | None = None) -> list[VerlPlan]:
     """The feasible verl placements of the group, each with its predicted makespan.
 
     ``gen_replay``: how the jobs' rollouts are timed when run under jigsaw (its regrouped tails,
@@ -105,7 +105,7 @@ def _queue_s(view: View, plain: JobTimer, timer: JobTimer, k: int) -> float:
     return max(free)
 
 
-def best_verl(view: View, gen_replay: GenReplay | None = None) -> VerlPlan | None:
+def best_verl(view: View, gen_replay: RanksReplay | None = None) -> VerlPlan | None:
     """The verl placement predicted fastest (timed with ``gen_replay``: :func:`verl_plans`), or
     None when none is feasible."""
     plans = verl_plans(view, gen_replay=gen_replay)

@@ -20,14 +20,15 @@ outgrew everything seen). A heuristic, stated as one: no sampled length is read.
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from jigsawrl.costmodel.protocol import CostModelProtocol
 from jigsawrl.graph.build import rank_segments
 from jigsawrl.scheduler.base import PipelineView, Regroup, RunningTask, View
-from jigsawrl.scheduler.verl_placements import GenReplay, prior_requests
-from jigsawrl.sim.rollout import RolloutInstance
+from jigsawrl.scheduler.batch_replay import NewInstance, RanksReplay
+from jigsawrl.scheduler.verl_placements import prior_requests
+from jigsawrl.sim.rollout import ReqRun, RolloutInstance
+from jigsawrl.workload.requests import RequestTruth
 from jigsawrl.workload.task_presets import TASKS
 
 # The predicted gain must be this many times the regroup's cost: the tokens left are a rough
@@ -52,45 +53,101 @@ def tail_fits(cost: CostModelProtocol, pv: PipelineView, tp: int, kv_mem: float)
         pv.spec.max_response_tokens + prompt + 1)
 
 
-def replay_s(cost: CostModelProtocol, pv: PipelineView, inst: RolloutInstance, ranks: int,
-             group_tp: int, kv_mem: float, tail_requests: int) -> float:
-    """When the replay of ``inst`` (one of ``ranks`` alike ranks of a rollout, requests added)
-    ends, with its tail regrouped on a TP-``group_tp`` group once the rollout's unfinished
-    requests fit it, if that ends sooner: the forecast's view of :class:`TailRegroup` (the
-    regrouped group holds ``group_tp / tp`` ranks' worth of the tail; any other ranks end as
-    they would have)."""
+def replay_s(cost: CostModelProtocol, pv: PipelineView, chunks: list[list[RequestTruth]],
+             instance: NewInstance, group_tp: int, kv_mem: float, tail_requests: int) -> float:
+    """When a rollout of these ranks (each with its chunk of the batch) ends, its tail
+    regrouped on one TP-``group_tp`` group if that ends sooner: the forecast's view of
+    :class:`TailRegroup`. The group forms at the first moment a rank drains with the ranks'
+    unfinished requests together fitting it and the ranks still busy holding no more devices
+    than it (as :meth:`TailRegroup.plan` asks); each busy rank hands over its unfinished
+    requests then (a decode in flight cut there; a prefill or a tool call out finishes first),
+    the group starts after the last of them and its wake-up (a weight sync onto it) and
+    re-prefills every moved context; the drained ranks ended as they would have."""
+    if not chunks:
+        return 0.0
+    counts: list[list[tuple[float, int]]] = []  # per rank: (time, unfinished) after a segment
+    plain = 0.0
+    tp = 1
+    for r, chunk in enumerate(chunks):
+        inst = instance(str(r))
+        inst.add(chunk)
+        tp = inst.tp
+        seen = [(0.0, inst.unfinished)]
+        segs = rank_segments(inst, stop=_recorder(seen) if group_tp > tp else None)
+        end = segs[-1][2] if segs else 0.0
+        seen.append((end, 0))
+        counts.append(seen)
+        plain = max(plain, end)
+    if group_tp <= tp:
+        return plain
     limit = min(tail_requests, tail_fits(cost, pv, group_tp, kv_mem))
-    segs = rank_segments(inst, stop=lambda t, i: i.unfinished * ranks <= limit)
-    if inst.done or group_tp <= inst.tp:
-        rest = rank_segments(inst, t0=segs[-1][2]) if not inst.done and segs else []
-        return (rest or segs)[-1][2] if (rest or segs) else 0.0
-    t = segs[-1][2] if segs else 0.0
-    clone = copy.deepcopy(inst, {id(inst.cost): inst.cost, id(inst.model): inst.model})
-    rest = rank_segments(inst, t0=t)
-    plain = rest[-1][2] if rest else t
-    _, runs = clone.export_unfinished(None, t)
-    copies = min(ranks, group_tp // inst.tp)
-    group = RolloutInstance(f"{inst.key}/regroup", pv.model, group_tp, cost,
+    at = _regroup_time(counts, limit, group_tp // tp)
+    if at is None or at >= plain:
+        return plain
+    runs: list[ReqRun] = []
+    handed = at
+    for r, (chunk, seen) in enumerate(zip(chunks, counts, strict=True)):
+        if _unfinished_at(seen, at) == 0:
+            continue
+        rank = instance(f"{r}/again")  # replayed afresh up to the regroup (cheaper than a copy)
+        rank.add(chunk)
+        segs = rank_segments(rank, until=at)
+        t = max(at, segs[-1][2]) if segs else at
+        handed = max(handed, t)
+        runs += rank.export_unfinished(None, t)[1]
+    group = RolloutInstance(f"{pv.name}/regroup", pv.model, group_tp, cost,
                             kv_budget_tokens=max(1, cost.kv_budget_tokens(
                                 pv.model, group_tp, max(kv_mem, 1.0))))
-    group.add_runs([copy.copy(r) for _ in range(copies) for r in runs])
-    start = t + cost.weight_sync_time_s(pv.model, group_tp, group_tp)
+    group.add_runs(runs)
+    start = handed + cost.weight_sync_time_s(pv.model, group_tp, group_tp)
     regs = rank_segments(group, t0=start)
-    end = regs[-1][2] if regs else start
-    if copies < ranks:
-        end = max(end, plain)
-    return min(plain, end)
+    return min(plain, regs[-1][2] if regs else start)
 
 
-def placed_replay(view: View, tail_requests: int) -> GenReplay:
-    """How a rank of a verl job's rollout is timed when jigsaw runs the placement and regroups
-    its tails (:func:`~.tail.TailMigration.regroup_placed`): :func:`replay_s` on the widest TP
-    group the job's ranks reach within one node."""
+def _recorder(seen: list[tuple[float, int]]) -> Callable[[float, RolloutInstance], bool]:
+    """A ``stop`` for :func:`rank_segments` that records the unfinished count after each
+    segment and never stops."""
+    def stop(t: float, inst: RolloutInstance) -> bool:
+        seen.append((t, inst.unfinished))
+        return False
+    return stop
+
+
+def _unfinished_at(seen: list[tuple[float, int]], t: float) -> int:
+    """A rank's unfinished requests at time ``t`` (its last count reported by then)."""
+    n = seen[0][1]
+    for at, count in seen:
+        if at > t:
+            break
+        n = count
+    return n
+
+
+def _regroup_time(counts: list[list[tuple[float, int]]], limit: int,
+                  max_busy: int) -> float | None:
+    """The first moment a rank drains (when the policy weighs a regroup: its drained ranks are
+    held for it) with the ranks' unfinished requests together at most ``limit`` and at most
+    ``max_busy`` ranks busy (None: never before the last rank ends)."""
+    now = [seen[0][1] for seen in counts]
+    changes = sorted((t, r, n) for r, seen in enumerate(counts) for t, n in seen[1:])
+    for t, r, n in changes:
+        now[r] = n
+        busy = sum(1 for c in now if c > 0)
+        if n == 0 and 0 < sum(now) <= limit and busy <= max_busy:
+            return t
+    return None
+
+
+def placed_replay(view: View, tail_requests: int) -> RanksReplay:
+    """How a verl job's rollout is timed when jigsaw runs the placement and regroups its tails
+    (:func:`~.tail.TailMigration.regroup_placed`): :func:`replay_s` on the widest TP group the
+    job's ranks reach within one node."""
     cost, per_node = view.cost, view.accelerators_per_node
 
-    def replay(pv: PipelineView, inst: RolloutInstance, ranks: int, kv_mem: float) -> float:
-        group = widest_tp(min(ranks * inst.tp, per_node), pv.model.num_heads)
-        return replay_s(cost, pv, inst, ranks, group, kv_mem, tail_requests)
+    def replay(pv: PipelineView, chunks: list[list[RequestTruth]], instance: NewInstance,
+               kv_mem: float) -> float:
+        group = widest_tp(min(len(chunks) * pv.spec.rollout_tp, per_node), pv.model.num_heads)
+        return replay_s(cost, pv, chunks, instance, group, kv_mem, tail_requests)
     return replay
 
 

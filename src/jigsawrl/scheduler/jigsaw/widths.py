@@ -1,20 +1,23 @@
 """Predicted step times of a pipeline on each rollout width: what the planner (:mod:`.planner`)
 chooses widths from (DESIGN.md §2.7, issue 11 item 2).
 
-A rollout on ``w`` devices runs ``w / rollout_tp`` engines; its generation time is the timeline of
-the engine holding the longest predicted request (and a fair mix of the rest: requests sorted by
-length, every ``ranks``-th), under the continuous-batching model the simulator runs
-(``sim/rollout.py``) with the KV budget of jigsaw's memory plan. So a tail-bound rollout is
-predicted to gain little from more devices, and a multi-turn one (many requests, tool waits
-between turns) to gain a lot — the shape the planner needs.
+A rollout on ``w`` devices runs ``w / rollout_tp`` engines; its generation time is that of its
+slowest engine, each engine with its contiguous chunk of a predicted batch (the executor's
+dispatch), averaged over a few predicted batches (:mod:`~jigsawrl.scheduler.batch_replay`:
+one engine with a fair mix of the requests, as before, ran 7-13% short of the slowest of 2-8),
+under the continuous-batching model the simulator runs (``sim/rollout.py``) with the KV budget of
+jigsaw's memory plan. So a tail-bound rollout is predicted to gain little from more devices, and
+a multi-turn one (many requests, tool waits between turns) to gain a lot — the shape the
+planner needs.
 
-What the prediction reads (DESIGN.md §6): before a pipeline's first finished step, the task
-preset's prior (:func:`~jigsawrl.scheduler.verl_placements.prior_requests`: the length
-distribution at evenly spaced quantiles, the expected turns and tool latencies — the same prior
-the verl placements are sized with, so that the two are compared on equal terms); after it, the
-observed lengths of the last ``window`` steps (:class:`~jigsawrl.graph.predict.HistoryPredictor`),
-split into the preset's expected turns for a multi-turn task (history holds totals only). Never a
-sampled length of a step not yet finished.
+What the prediction reads (DESIGN.md §6): before a pipeline's first finished step, batches drawn
+from the task preset's generative model (:func:`~jigsawrl.scheduler.batch_replay.prior_batches`
+— the same draws the verl placements are sized with, so that the two are compared on equal
+terms); after it, the observed groups of the last ``window`` steps resampled
+(:func:`~jigsawrl.scheduler.batch_replay.history_batches`), each total split into the preset's
+expected turns for a multi-turn task (history holds totals only). The post-rollout stages are
+timed on the quantile lengths of :class:`~jigsawrl.graph.predict.HistoryPredictor` (their sum is
+what matters there). Never a sampled length of a step not yet finished.
 
 Training is pooled (every device, the train state onloaded for the pass), so its time does not
 depend on the rollout width: :meth:`WidthTimer.train_s` is the model passes on the whole pool.
@@ -24,9 +27,15 @@ from __future__ import annotations
 
 import math
 
-from jigsawrl.graph.build import post_rollout_stages, rank_segments
+from jigsawrl.graph.build import post_rollout_stages
 from jigsawrl.graph.predict import HistoryPredictor
 from jigsawrl.scheduler.base import PipelineView, View
+from jigsawrl.scheduler.batch_replay import (
+    NewInstance,
+    history_batches,
+    prior_batches,
+    rollout_s,
+)
 from jigsawrl.scheduler.jigsaw.regroup import replay_s, widest_tp
 from jigsawrl.scheduler.verl_placements import pipeline_resident_bytes, prior_requests
 from jigsawrl.sim.rollout import RolloutInstance
@@ -67,6 +76,8 @@ class WidthTimer:
         self.tail_requests = tail_requests
         self._reqs: dict[str, tuple[int, list[RequestTruth]]] = {}  # pipeline -> (source, reqs)
         self._turns: dict[tuple[str, int], tuple[TurnTruth, ...]] = {}  # (task, total) -> turns
+        # pipeline -> (source, predicted batches in dispatch order)
+        self._batches: dict[str, tuple[int, list[list[RequestTruth]]]] = {}
         self._gen: dict[tuple[str, int, int], float] = {}
         # (model, tp, KV budget, requests) -> (cost model, generation seconds)
         self._replays: dict[tuple[object, ...], tuple[object, float]] = {}
@@ -93,44 +104,68 @@ class WidthTimer:
                 n, pv.history, 128, spec.max_response_tokens // 4, spec.max_response_tokens, 1)
             # The lengths come longest first and as_turns keeps their order (its generated
             # tokens grow with the total), so these requests are already longest first.
-            turns = self._turns
-            reqs = []
-            for i, total in enumerate(lengths):
-                got = turns.get((spec.task, total))
-                if got is None:
-                    got = turns[(spec.task, total)] = as_turns(pv, total)
-                reqs.append(RequestTruth(f"{pv.name}/{src}/pred/{i}", prompt, got))
+            reqs = [RequestTruth(f"{pv.name}/{src}/pred/{i}", prompt, self._turns_of(pv, total))
+                    for i, total in enumerate(lengths)]
         self._reqs[pv.name] = (src, reqs)
         self._gen = {k: v for k, v in self._gen.items() if k[0] != pv.name or k[1] == src}
         return reqs
 
+    def batches(self, pv: PipelineView) -> list[list[RequestTruth]]:
+        """Predicted batches of one step in dispatch order (:mod:`~jigsawrl.scheduler.
+        batch_replay`): drawn from the task preset before the first finished step, resampled
+        from the observed groups of the last ``window`` steps after it."""
+        src = self.source(pv)
+        cached = self._batches.get(pv.name)
+        if cached is not None and cached[0] == src:
+            return cached[1]
+        if not pv.history:
+            got = prior_batches(pv, prior_requests(pv))
+        else:
+            cap = pv.spec.max_response_tokens
+            got = history_batches(pv, list(pv.history)[-self._predictor.window:],
+                                  lambda total: self._turns_of(pv, max(1, min(cap, total))), src)
+        self._batches[pv.name] = (src, got)
+        return got
+
+    def _turns_of(self, pv: PipelineView, total: int) -> tuple[TurnTruth, ...]:
+        got = self._turns.get((pv.spec.task, total))
+        if got is None:
+            got = self._turns[(pv.spec.task, total)] = as_turns(pv, total)
+        return got
+
     def gen_s(self, view: View, pv: PipelineView, width: int) -> float:
-        """Predicted seconds of ``pv``'s rollout on ``width`` devices (whole TP groups)."""
+        """Predicted seconds of ``pv``'s rollout on ``width`` devices (whole TP groups): the
+        slowest of its ranks, each with a contiguous chunk of a predicted batch, averaged over
+        the batches (:func:`~jigsawrl.scheduler.batch_replay.rollout_s`)."""
         tp = pv.spec.rollout_tp
         ranks = max(1, width // tp)
         group = widest_tp(min(width, view.accelerators_per_node), pv.model.num_heads) if (
             self.tail_requests and view.can_regroup) else tp
         key = (pv.name, self.source(pv), ranks, group)
         if key not in self._gen:
-            reqs = self.requests(pv)[::ranks]
+            self.requests(pv)  # drops the times of an older source
+            batches = self.batches(pv)
             kv = view.cost.kv_budget_tokens(pv.model, tp, max(self.kv_mem_bytes, 1.0))
-            # pipelines alike (same model and prior) replay the same requests: once
-            same = (pv.model, tp, kv, group, ranks if group > tp else 0, pv.spec.task,
-                    pv.spec.max_response_tokens, tuple((r.prompt_tokens, r.turns) for r in reqs))
+            # pipelines alike (same model and prior) replay the same batches: once
+            same = (pv.model, tp, kv, group, ranks, pv.spec.task, pv.spec.max_response_tokens,
+                    tuple(tuple((r.prompt_tokens, r.turns) for r in b) for b in batches))
             got = self._replays.get(same)
             if got is None or got[0] is not view.cost:
-                inst = RolloutInstance(f"{pv.name}/plan/{ranks}", pv.model, tp, view.cost,
-                                       kv_budget_tokens=max(kv, 1))
-                inst.add(reqs)
+                cost = view.cost
+
+                def instance(name: str) -> RolloutInstance:
+                    return RolloutInstance(f"{pv.name}/plan/{ranks}/{name}", pv.model, tp, cost,
+                                           kv_budget_tokens=max(kv, 1))
+                replay = None
                 if group > tp:
-                    end = replay_s(view.cost, pv, inst, ranks, group, self.kv_mem_bytes,
-                                   self.tail_requests)
-                else:
-                    segs = rank_segments(inst)
-                    end = segs[-1][2] if segs else 0.0
+                    def replay(p: PipelineView, chunks: list[list[RequestTruth]],
+                               make: NewInstance, kv_mem: float) -> float:
+                        return replay_s(cost, p, chunks, make, group, kv_mem,
+                                        self.tail_requests)
+                end = rollout_s(pv, batches, ranks, instance, self.kv_mem_bytes, replay)
                 if len(self._replays) >= 4096:
                     self._replays.clear()
-                got = self._replays[same] = (view.cost, end)
+                got = self._replays[same] = (cost, end)
             self._gen[key] = got[1]
         return self._gen[key]
 
