@@ -52,6 +52,11 @@ def test_a_scale_that_changes_nothing_or_a_fixed_tp_executor_fails_fast() -> Non
         RolloutTP(VerlPolicy("split"), 0.5).decide(view)  # TP 1 halved is TP 1
     with pytest.raises(ConfigError, match="configured rollout TP only"):
         RolloutTP(VerlPolicy("split"), 2.0).decide(view_of(cfg(n=2, devices=8), False))
+    # TP 2 x8 caps at the node's 8 devices, what x4 already runs: a duplicate, skipped
+    tp2 = view_of(cfg(n=2, devices=8, model="qwen3-4b", rollout_tp=2))
+    with pytest.raises(ConfigError, match="earlier scale"):
+        RolloutTP(VerlPolicy("split"), 8.0).decide(tp2)
+    RolloutTP(VerlPolicy("serial"), 8.0).decide(view_of(cfg(n=2, devices=8, model="qwen3-4b")))
 
 
 def test_verl_at_a_scaled_tp_starts_wider_engines_and_syncs_onto_them() -> None:
@@ -89,13 +94,13 @@ def test_verl_baseline_reports_a_scaled_tp_when_it_wins() -> None:
 
 def test_search_runs_the_tp_predicted_soonest_the_config_tp_on_a_tie() -> None:
     view = view_of(cfg(n=2, devices=8, model="qwen3-4b"))
-    by_tp = {1: 100.0, 2: 98.0, 4: 99.0}
+    by_tp = {1: 100.0, 2: 98.0, 4: 99.0, 8: 99.5}
     choice = search_tp(view, lambda v: by_tp[v.pipelines[0].spec.rollout_tp])
     assert choice.tps == {"p0": 2, "p1": 2}
-    assert choice.predicted_s == {"tp1": 100.0, "tp2": 98.0, "tp4": 99.0}
-    by_tp.update({2: 100.0, 4: 100.0})  # a tie: the config's TP stays
+    assert choice.predicted_s == {"tp1": 100.0, "tp2": 98.0, "tp4": 99.0, "tp8": 99.5}
+    by_tp.update({2: 100.0, 4: 100.0, 8: 100.0})  # a tie: the config's TP stays
     assert search_tp(view, lambda v: by_tp[v.pipelines[0].spec.rollout_tp]).tps == {}
-    by_tp.update({1: math.inf, 2: math.inf, 4: math.inf})
+    by_tp.update({1: math.inf, 2: math.inf, 4: math.inf, 8: math.inf})
     assert search_tp(view, lambda v: by_tp[v.pipelines[0].spec.rollout_tp]).tps == {}
 
 

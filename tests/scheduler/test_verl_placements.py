@@ -228,9 +228,9 @@ def test_verl_variants_are_every_placement_under_its_registered_name() -> None:
             *(f"verl-queue-{k}" for k in range(2, MAX_QUEUE_K + 1))]
     def scaled(plain: list[str]) -> list[str]:  # then each again at every scaled rollout TP
         return plain + [f"{n}@tp x{f:g}" for f in TP_FACTORS[1:] for n in plain]
-    assert names[:4 * len(sync)] == scaled(sync)
+    assert names[:len(TP_FACTORS) * len(sync)] == scaled(sync)
     # then verl's async recipes, each over its rollout/train splits (verl_async.py)
-    assert names[4 * len(sync):] == [
+    assert names[len(TP_FACTORS) * len(sync):] == [
         n for r in ("verl-one-step-off", "verl-fully-async")
         for n in scaled([f"{r}-split#{k}" for k in range(6)])]
     assert [v.name for v in get_policy("verl-queue").variants()] == sync[3:]

@@ -37,8 +37,10 @@ from jigsawrl.scheduler.base import (
 )
 from jigsawrl.workload.experiment import DEFAULT_GPU_MEMORY_UTILIZATION
 
-# The scales of each pipeline's configured rollout TP tried (1: the config's own).
-TP_FACTORS: tuple[float, ...] = (1.0, 2.0, 4.0, 0.5)
+# The scales of each pipeline's configured rollout TP tried (1: the config's own). x8 takes a
+# TP-1 config to a whole 8-device node: measured best for both sides of the heterogeneous
+# 0.6B + 8B pair (docs/BENCHMARKS.md); a scale that caps to an earlier one's TPs is skipped.
+TP_FACTORS: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, 0.5)
 
 
 def scaled_tp(pv: PipelineView, factor: float, per_node: int) -> int:
@@ -109,8 +111,9 @@ class RolloutTP(PolicyBase):
     """``inner`` deciding on every view with its pipelines' rollout TPs scaled by ``factor``.
 
     The TPs are fixed at the first decision (they need the pool). A factor that changes no
-    pipeline's TP, or an executor that cannot form other TP groups, fails fast there with a
-    :class:`ConfigError`, so that a runner comparing variants skips it.
+    pipeline's TP or gives the TPs of an earlier factor (capped at a node), or an executor that
+    cannot form other TP groups, fails fast there with a :class:`ConfigError`, so that a runner
+    comparing variants skips it.
     """
 
     def __init__(self, inner: Policy, factor: float) -> None:
@@ -130,6 +133,11 @@ class RolloutTP(PolicyBase):
             tps = scaled_tps(view, self.factor)
             if is_configured(view, tps):
                 raise ConfigError(f"rollout TP x{self.factor:g} is the config's own here",
+                                  where="scheduler variants", fix="(a duplicate; skipped)")
+            earlier = TP_FACTORS[1:TP_FACTORS.index(self.factor)] if (
+                self.factor in TP_FACTORS) else ()
+            if any(scaled_tps(view, f) == tps for f in earlier):
+                raise ConfigError(f"rollout TP x{self.factor:g} runs an earlier scale's TPs here",
                                   where="scheduler variants", fix="(a duplicate; skipped)")
             if not view.can_regroup:
                 raise ConfigError("this executor runs each pipeline's configured rollout TP only",
