@@ -3,17 +3,13 @@ what the predicted batches are made of, and that the slowest rank is what is tim
 
 from __future__ import annotations
 
-from collections import Counter
-
 import pytest
 from test_planner import cfg, first_view
 
 from jigsawrl.experiments.resolve import resolve
 from jigsawrl.experiments.simulated import make_cost
 from jigsawrl.graph.build import rank_segments
-from jigsawrl.graph.predict import StepObservation
 from jigsawrl.scheduler.batch_replay import (
-    history_batches,
     plain_s,
     prior_batches,
     rollout_s,
@@ -46,27 +42,6 @@ def test_prior_batches_are_draws_of_whole_groups_the_same_every_time() -> None:
         prompts = [r.prompt_tokens for r in batch]
         assert all(len(set(prompts[i:i + 4])) == 1 for i in range(0, len(prompts), 4))
     assert a[0] != a[1]
-
-
-def test_history_batches_use_every_observed_group_once_the_longest_included() -> None:
-    pv, _ = setup()
-    steps = [StepObservation(s, tuple([100 + s] * 64),
-                             tuple(1000 * s + i for i in range(64)), {}) for s in range(3)]
-    got = history_batches(pv, steps, lambda n: (TurnTruth(n),), source=3)
-    assert len(got) == 3 and all(len(b) == 64 for b in got)  # one batch per pooled step
-    seen = Counter(r.generated_tokens for b in got for r in b)
-    assert set(seen) == {1000 * s + i for s in range(3) for i in range(64)}
-    assert set(seen.values()) == {1}
-    # groups stay together: four consecutive samples of one observed group
-    first = [r.generated_tokens for r in got[0][:4]]
-    assert first == list(range(first[0], first[0] + 4)) and first[0] % 4 == 0
-    again = history_batches(pv, steps, lambda n: (TurnTruth(n),), source=3)
-    assert [[r.generated_tokens for r in b] for b in again] == [
-        [r.generated_tokens for r in b] for b in got]
-    # one observed step of fewer groups than a batch: topped up to one whole batch
-    small = history_batches(pv, [StepObservation(0, (100,) * 8, tuple(range(8)), {})],
-                            lambda n: (TurnTruth(n),), source=1)
-    assert len(small) == 1 and len(small[0]) == 64
 
 
 def test_the_rollout_is_its_slowest_rank() -> None:

@@ -13,31 +13,39 @@ picked TP 2 on the GSM8K + MATH pairs, forecast 5-7% short of its measured makes
 forecast within 2% ran 4-6% faster). Averaging the slowest rank over ``DRAWS`` predicted batches
 removes most of it (docs/BENCHMARKS.md).
 
-What it reads (DESIGN.md §6): predicted batches only, never a sampled length of a step to come.
-Before a pipeline's first step, batches drawn from its task preset's generative model under
-seeds of this module's own (:func:`prior_batches`); after it, groups resampled from the
-observed steps, without replacement (:func:`history_batches`: a block bootstrap — a group's
-samples stay together, as they are dispatched).
+What it reads (DESIGN.md §6): predicted batches only, never a sampled length of a step to come:
+batches drawn from the task preset's generative model under seeds of this module's own
+(:func:`prior_batches`). After a pipeline's first step the width timer carries the bias this
+measures on the prior over to the history's cheaper one-rank replay (``jigsaw/widths.py``): a
+replan asks for many widths, and replaying every rank of several batches each time made a
+decision at 128 GPUs x 16 pipelines take 150 ms at its 99th percentile (a resampling of the
+observed groups was tried and dropped for that).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import functools
+from collections.abc import Callable, Hashable, Sequence
 
 import numpy as np
 
 from jigsawrl.graph.build import rank_segments
-from jigsawrl.graph.predict import StepObservation
 from jigsawrl.scheduler.base import PipelineView
 from jigsawrl.sim.dispatch import dispatch_requests
 from jigsawrl.sim.rollout import RolloutInstance
-from jigsawrl.workload.requests import RequestTruth, TurnTruth
+from jigsawrl.workload.requests import RequestTruth
 from jigsawrl.workload.task_presets import TASKS, RequestSampler
 
 # Batches drawn from a task preset's prior, averaged: the slowest of R ranks is a noisy
-# statistic of one batch (two-gsm8k's GSM8K and MATH priors, TP 1-4 on 2-8 ranks: one draw's
-# standard deviation about a 64-draw mean 6-14%, four draws' 2.5-8%).
-DRAWS = 4
+# statistic of one batch (two-gsm8k's GSM8K and MATH priors, TP 1-4 on 2-8 ranks, about a
+# 64-draw mean: one draw's standard deviation 6-14%, two draws' 4.5-11%, four 2.5-8%). Two,
+# for speed: four took 512 GPUs x 16 pipelines x 4 steps to 42 s (target 30 s). Every plan
+# and every verl placement of a run is timed on the same draws, so their comparisons share
+# the noise.
+DRAWS = 2
+# Ranks replayed per batch: a node's worth at TP 1 (wider rollouts sample this many,
+# rollout_s).
+MAX_RANKS = 8
 # Seeds of the prior's draws: a stream of their own (the simulator's truth is seeded by
 # ``[seed, pipeline index, step]``), the same in every run.
 PRIOR_SEED = 0x5EEDBA7C
@@ -53,46 +61,46 @@ def prior_batches(pv: PipelineView, fallback: list[RequestTruth],
                   draws: int = DRAWS) -> list[list[RequestTruth]]:
     """``draws`` batches of one step from the task preset's generative model (per-prompt
     difficulty, per-sample spread, turns and tool calls; no drift: a policy does not know it),
-    each in sample order. A task without a preset gets ``fallback`` (its prior), once."""
+    each in sample order. A task without a preset gets ``fallback`` (its prior), once. The same
+    objects for every pipeline of one task and shape (:func:`prior_key`), which lets their
+    replays be shared (:func:`memo`)."""
     spec = pv.spec
     task = TASKS.get(spec.task)
     if task is None:
         return [fallback]
-    sampler = RequestSampler(task, group_size=spec.group_size,
-                             max_response_tokens=spec.max_response_tokens)
-    return [sampler.sample_step(np.random.default_rng([PRIOR_SEED, d]), f"{pv.name}/prior/{d}",
-                                0, spec.batch_size) for d in range(draws)]
+    return list(_prior(prior_key(pv), draws))
 
 
-def history_batches(pv: PipelineView, recent: Sequence[StepObservation],
-                    turns: Callable[[int], tuple[TurnTruth, ...]],
-                    source: int) -> list[list[RequestTruth]]:
-    """Batches of ``batch_size`` groups resampled from the groups of the ``recent`` observed
-    steps (each group ``group_size`` consecutive samples, as the executor reports them): the
-    pooled groups in one shuffled order, cut into as many whole batches as they make (at least
-    one, topped up by drawing with replacement) — a balanced bootstrap: every group seen,
-    the longest included, counts once. ``turns`` splits an observed total into turns; the
-    shuffle is seeded by ``source`` (the newest step seen), so a prediction is the same however
-    often it is asked."""
-    spec = pv.spec
-    size = max(1, spec.group_size)
-    groups: list[list[tuple[int, int]]] = []
-    for obs in recent:
-        pairs = list(zip(obs.prompt_tokens, obs.response_tokens, strict=False))
-        groups += [pairs[i:i + size] for i in range(0, len(pairs), size)]
-    if not groups:
-        return []
-    rng = np.random.default_rng([PRIOR_SEED, source])
-    order = [int(i) for i in rng.permutation(len(groups))]
-    per = max(1, spec.batch_size)
-    if len(order) < per:
-        order += [int(i) for i in rng.choice(len(groups), size=per - len(order))]
-    out: list[list[RequestTruth]] = []
-    for d in range(len(order) // per):
-        picks = order[d * per:(d + 1) * per]
-        out.append([RequestTruth(f"{pv.name}/{source}/pred/{d}/{k}/{j}", max(1, p), turns(r))
-                    for k, g in enumerate(picks) for j, (p, r) in enumerate(groups[g])])
-    return out
+def prior_key(pv: PipelineView) -> tuple[str, int, int, int]:
+    """What a pipeline's prior batches depend on: its task and step shape."""
+    s = pv.spec
+    return (s.task, s.group_size, s.max_response_tokens, s.batch_size)
+
+
+@functools.lru_cache(maxsize=256)
+def _prior(key: tuple[str, int, int, int], draws: int) -> tuple[list[RequestTruth], ...]:
+    task, group_size, max_response, batch_size = key
+    sampler = RequestSampler(TASKS[task], group_size=group_size,
+                             max_response_tokens=max_response)
+    return tuple(sampler.sample_step(np.random.default_rng([PRIOR_SEED, d]), f"prior/{d}", 0,
+                                     batch_size) for d in range(draws))
+
+
+def memo(key: Hashable, cost: object, compute: Callable[[], float]) -> float:
+    """``compute()``, remembered by ``key`` for the cost model ``cost`` (replays are pure
+    functions of their requests, model, TP, KV budget and cost model: a TP candidate, a verl
+    timer and a pipeline alike ask for the same ones). Bounded: cleared past 8,192 entries."""
+    got = _MEMO.get(key)
+    if got is not None and got[0] is cost:
+        return got[1]
+    if len(_MEMO) >= 8192:
+        _MEMO.clear()
+    value = compute()
+    _MEMO[key] = (cost, value)
+    return value
+
+
+_MEMO: dict[Hashable, tuple[object, float]] = {}
 
 
 def plain_s(chunks: list[list[RequestTruth]], instance: NewInstance) -> float:
@@ -110,16 +118,34 @@ def plain_s(chunks: list[list[RequestTruth]], instance: NewInstance) -> float:
 def rollout_s(pv: PipelineView, batches: Sequence[list[RequestTruth]], ranks: int,
               instance: NewInstance, kv_mem: float, replay: RanksReplay | None = None) -> float:
     """The mean over ``batches`` of the rollout's generation seconds on ``ranks`` ranks: each
-    batch split contiguously, each rank on a fresh ``instance``, the ranks replayed by
-    ``replay`` (default: :func:`plain_s`)."""
+    batch split contiguously, each rank on a fresh ``instance``, the ranks replayed together by
+    ``replay`` (default: :func:`plain_s`).
+
+    Beyond :data:`MAX_RANKS` ranks only that many chunks of each batch are replayed, each
+    alone, and the slowest of ``ranks`` is the expected maximum of ``ranks`` draws from the
+    rank times seen (:func:`expected_max`): the cost stays that of a node's ranks however wide
+    the rollout. Simplification: a tail regroup is not credited there (it forms within one
+    node; the prediction of a rollout wider than a node's ranks is the plain one)."""
     if not batches:
         return 0.0
     total = 0.0
+    seen: list[float] = []
     for b, batch in enumerate(batches):
         chunks = dispatch_requests(batch, ranks, "contiguous")
 
         def fresh(name: str, b: int = b) -> RolloutInstance:
             return instance(f"{b}/{name}")
+        if ranks > MAX_RANKS:
+            step = ranks / MAX_RANKS
+            seen += [plain_s([chunks[int(k * step)]], fresh) for k in range(MAX_RANKS)]
+            continue
         total += replay(pv, chunks, fresh, kv_mem) if replay is not None else plain_s(
             chunks, fresh)
-    return total / len(batches)
+    return expected_max(seen, ranks) if seen else total / len(batches)
+
+
+def expected_max(samples: Sequence[float], k: int) -> float:
+    """The expected maximum of ``k`` draws (with replacement) from ``samples``."""
+    xs = sorted(samples)
+    m = len(xs)
+    return sum(x * ((i / m) ** k - ((i - 1) / m) ** k) for i, x in enumerate(xs, start=1))

@@ -49,7 +49,14 @@ from jigsawrl.costmodel import CostModelProtocol
 from jigsawrl.errors import ConfigError
 from jigsawrl.graph.build import post_rollout_stages
 from jigsawrl.scheduler.base import PipelineView, View
-from jigsawrl.scheduler.batch_replay import RanksReplay, prior_batches, rollout_s
+from jigsawrl.scheduler.batch_replay import (
+    MAX_RANKS,
+    RanksReplay,
+    memo,
+    prior_batches,
+    prior_key,
+    rollout_s,
+)
 from jigsawrl.sim.rollout import RolloutInstance
 from jigsawrl.workload.requests import RequestTruth, TurnTruth
 from jigsawrl.workload.task_presets import TASKS, TaskSpec
@@ -203,8 +210,16 @@ class JobTimer:
         def instance(name: str) -> RolloutInstance:
             return RolloutInstance(f"{pv.name}/prior/{name}", pv.model, spec.rollout_tp, cost,
                                    kv_budget_tokens=kv)
-        # every rank with its contiguous chunk of a batch drawn from the prior (batch_replay)
-        gen = rollout_s(pv, batches, ranks, instance, kv_mem, self.gen_replay)
+
+        def gen_s() -> float:  # every rank with its contiguous chunk of a prior batch
+            return rollout_s(pv, batches, ranks, instance, kv_mem, self.gen_replay)
+        # a replay whose key names it (or none, or one past a node's ranks: not used) is
+        # shared with other timers of this cost model; the prior is the task's, not the job's
+        tag = getattr(self.gen_replay, "key", None) if (
+            self.gen_replay is not None and ranks <= MAX_RANKS) else "plain"
+        gen = gen_s() if tag is None or TASKS.get(spec.task) is None else memo(
+            ("job", prior_key(pv), pv.model, spec.rollout_tp, kv, kv_mem, ranks, tag), cost,
+            gen_s)
         tokens = sum(r.total_tokens for r in reqs)
         stages = post_rollout_stages(cost, pv.model, n, tokens, len(reqs), use_ref=spec.use_ref,
                                      ppo_epochs=spec.train.ppo_epochs,

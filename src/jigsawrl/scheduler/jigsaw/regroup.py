@@ -148,6 +148,7 @@ def placed_replay(view: View, tail_requests: int) -> RanksReplay:
                kv_mem: float) -> float:
         group = widest_tp(min(len(chunks) * pv.spec.rollout_tp, per_node), pv.model.num_heads)
         return replay_s(cost, pv, chunks, instance, group, kv_mem, tail_requests)
+    replay.key = ("regroup", per_node, tail_requests)  # type: ignore[attr-defined]
     return replay
 
 

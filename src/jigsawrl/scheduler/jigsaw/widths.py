@@ -31,9 +31,12 @@ from jigsawrl.graph.build import post_rollout_stages
 from jigsawrl.graph.predict import HistoryPredictor
 from jigsawrl.scheduler.base import PipelineView, View
 from jigsawrl.scheduler.batch_replay import (
+    MAX_RANKS,
     NewInstance,
-    history_batches,
+    memo,
+    plain_s,
     prior_batches,
+    prior_key,
     rollout_s,
 )
 from jigsawrl.scheduler.jigsaw.regroup import replay_s, widest_tp
@@ -76,11 +79,8 @@ class WidthTimer:
         self.tail_requests = tail_requests
         self._reqs: dict[str, tuple[int, list[RequestTruth]]] = {}  # pipeline -> (source, reqs)
         self._turns: dict[tuple[str, int], tuple[TurnTruth, ...]] = {}  # (task, total) -> turns
-        # pipeline -> (source, predicted batches in dispatch order)
-        self._batches: dict[str, tuple[int, list[list[RequestTruth]]]] = {}
+        self._priors: dict[str, tuple[list[RequestTruth], list[RequestTruth]]] = {}
         self._gen: dict[tuple[str, int, int], float] = {}
-        # (model, tp, KV budget, requests) -> (cost model, generation seconds)
-        self._replays: dict[tuple[object, ...], tuple[object, float]] = {}
         # (pipeline, source, devices) -> (cost model, post-rollout stage seconds)
         self._stages: dict[tuple[str, int, int], tuple[object, dict[str, float]]] = {}
 
@@ -97,7 +97,7 @@ class WidthTimer:
             return cached[1]
         spec = pv.spec
         if not pv.history:
-            reqs = sorted(prior_requests(pv), key=lambda r: -r.generated_tokens)
+            reqs = self._prior(pv)[1]
         else:
             n = spec.batch_size * spec.group_size
             prompt, lengths = self._predictor.predict_lengths(
@@ -110,23 +110,6 @@ class WidthTimer:
         self._gen = {k: v for k, v in self._gen.items() if k[0] != pv.name or k[1] == src}
         return reqs
 
-    def batches(self, pv: PipelineView) -> list[list[RequestTruth]]:
-        """Predicted batches of one step in dispatch order (:mod:`~jigsawrl.scheduler.
-        batch_replay`): drawn from the task preset before the first finished step, resampled
-        from the observed groups of the last ``window`` steps after it."""
-        src = self.source(pv)
-        cached = self._batches.get(pv.name)
-        if cached is not None and cached[0] == src:
-            return cached[1]
-        if not pv.history:
-            got = prior_batches(pv, prior_requests(pv))
-        else:
-            cap = pv.spec.max_response_tokens
-            got = history_batches(pv, list(pv.history)[-self._predictor.window:],
-                                  lambda total: self._turns_of(pv, max(1, min(cap, total))), src)
-        self._batches[pv.name] = (src, got)
-        return got
-
     def _turns_of(self, pv: PipelineView, total: int) -> tuple[TurnTruth, ...]:
         got = self._turns.get((pv.spec.task, total))
         if got is None:
@@ -134,40 +117,74 @@ class WidthTimer:
         return got
 
     def gen_s(self, view: View, pv: PipelineView, width: int) -> float:
-        """Predicted seconds of ``pv``'s rollout on ``width`` devices (whole TP groups): the
-        slowest of its ranks, each with a contiguous chunk of a predicted batch, averaged over
-        the batches (:func:`~jigsawrl.scheduler.batch_replay.rollout_s`)."""
+        """Predicted seconds of ``pv``'s rollout on ``width`` devices (whole TP groups).
+
+        On the prior: the slowest of its ranks, each with a contiguous chunk of a batch drawn
+        from the task preset, averaged over the draws (:func:`~jigsawrl.scheduler.batch_replay.
+        rollout_s`; the tail regroup replayed). After the first step: one rank with a fair mix
+        of the predicted lengths (cheap: a replan runs many), scaled by what the slowest rank
+        and the regroup make of the prior's fair mix at this width — the dispatch's bias,
+        measured on the prior, carried to the history."""
         tp = pv.spec.rollout_tp
         ranks = max(1, width // tp)
         group = widest_tp(min(width, view.accelerators_per_node), pv.model.num_heads) if (
             self.tail_requests and view.can_regroup) else tp
         key = (pv.name, self.source(pv), ranks, group)
         if key not in self._gen:
-            self.requests(pv)  # drops the times of an older source
-            batches = self.batches(pv)
-            kv = view.cost.kv_budget_tokens(pv.model, tp, max(self.kv_mem_bytes, 1.0))
-            # pipelines alike (same model and prior) replay the same batches: once
-            same = (pv.model, tp, kv, group, ranks, pv.spec.task, pv.spec.max_response_tokens,
-                    tuple(tuple((r.prompt_tokens, r.turns) for r in b) for b in batches))
-            got = self._replays.get(same)
-            if got is None or got[0] is not view.cost:
-                cost = view.cost
-
-                def instance(name: str) -> RolloutInstance:
-                    return RolloutInstance(f"{pv.name}/plan/{ranks}/{name}", pv.model, tp, cost,
-                                           kv_budget_tokens=max(kv, 1))
-                replay = None
-                if group > tp:
-                    def replay(p: PipelineView, chunks: list[list[RequestTruth]],
-                               make: NewInstance, kv_mem: float) -> float:
-                        return replay_s(cost, p, chunks, make, group, kv_mem,
-                                        self.tail_requests)
-                end = rollout_s(pv, batches, ranks, instance, self.kv_mem_bytes, replay)
-                if len(self._replays) >= 4096:
-                    self._replays.clear()
-                got = self._replays[same] = (cost, end)
-            self._gen[key] = got[1]
+            reqs = self.requests(pv)  # drops the times of an older source
+            prior = self._slowest_s(view, pv, ranks, group)
+            if pv.history:
+                base = self._mix_s(view, pv, self._prior(pv)[1], ranks)
+                prior *= self._mix_s(view, pv, reqs, ranks) / base if base > 0 else 1.0
+            self._gen[key] = prior
         return self._gen[key]
+
+    def _prior(self, pv: PipelineView) -> tuple[list[RequestTruth], list[RequestTruth]]:
+        """The task preset's quantile requests of one step, as made and longest first."""
+        got = self._priors.get(pv.name)
+        if got is None:
+            reqs = prior_requests(pv)
+            got = self._priors[pv.name] = (reqs, sorted(reqs, key=lambda r: -r.generated_tokens))
+        return got
+
+    def _instance(self, view: View, pv: PipelineView, ranks: int):  # noqa: ANN202
+        tp, cost = pv.spec.rollout_tp, view.cost
+        kv = max(1, cost.kv_budget_tokens(pv.model, tp, max(self.kv_mem_bytes, 1.0)))
+
+        def instance(name: str) -> RolloutInstance:
+            return RolloutInstance(f"{pv.name}/plan/{ranks}/{name}", pv.model, tp, cost,
+                                   kv_budget_tokens=kv)
+        return instance, kv
+
+    def _slowest_s(self, view: View, pv: PipelineView, ranks: int, group: int) -> float:
+        """The prior's slowest rank on ``ranks`` ranks, tails regrouped on TP ``group``; shared
+        by pipelines alike and other plans of the pool (:func:`~jigsawrl.scheduler.
+        batch_replay.memo`)."""
+        tp, cost = pv.spec.rollout_tp, view.cost
+        instance, kv = self._instance(view, pv, ranks)
+        batches = prior_batches(pv, self._prior(pv)[0])
+        replay = None
+        if group > tp:
+            def replay(p: PipelineView, chunks: list[list[RequestTruth]],
+                       make: NewInstance, kv_mem: float) -> float:
+                return replay_s(cost, p, chunks, make, group, kv_mem, self.tail_requests)
+
+        def end() -> float:
+            return rollout_s(pv, batches, ranks, instance, self.kv_mem_bytes, replay)
+        if TASKS.get(pv.spec.task) is None:
+            return end()
+        return memo(("width", pv.model, tp, kv, self.kv_mem_bytes,
+                     group if ranks <= MAX_RANKS else tp, ranks, self.tail_requests,
+                     prior_key(pv)), cost, end)
+
+    def _mix_s(self, view: View, pv: PipelineView, reqs: list[RequestTruth],
+               ranks: int) -> float:
+        """One rank with every ``ranks``-th of ``reqs`` (longest first), replayed alone."""
+        instance, kv = self._instance(view, pv, ranks)
+        mix = reqs[::ranks]
+        return memo(("mix", pv.model, pv.spec.rollout_tp, kv,
+                     tuple((r.prompt_tokens, r.turns) for r in mix)), view.cost,
+                    lambda: plain_s([mix], instance))
 
     def stages_s(self, view: View, pv: PipelineView) -> dict[str, float]:
         """Predicted seconds of each post-rollout stage on the whole pool (full share), cached
