@@ -38,11 +38,13 @@ from jigsawrl.workload.task_presets import TASKS, RequestSampler
 
 # Batches drawn from a task preset's prior, averaged: the slowest of R ranks is a noisy
 # statistic of one batch (two-gsm8k's GSM8K and MATH priors, TP 1-4 on 2-8 ranks, about a
-# 64-draw mean: one draw's standard deviation 6-14%, two draws' 4.5-11%, four 2.5-8%). Two,
-# for speed: four took 512 GPUs x 16 pipelines x 4 steps to 42 s (target 30 s). Every plan
-# and every verl placement of a run is timed on the same draws, so their comparisons share
-# the noise.
-DRAWS = 2
+# 64-draw mean: one draw's standard deviation 6-14%, two draws' 4.5-11%, four 2.5-8%). Every
+# plan and every verl placement of a run is timed on the same draws, so their comparisons share
+# the noise; still, at two draws jigsaw's plan for scale-14b-32 was forecast 4.0% sooner than
+# verl-sized (past the fallback's 3% margin) and measured 0.96x on seed 0 (at four: 2.8%, it
+# runs verl-sized). Four cost speed: 512 GPUs x 16 pipelines x 4 steps simulate in ~42 s
+# (two: ~29 s; target 30 s), most of it the first decision's TP search.
+DRAWS = 4
 # Ranks replayed per batch: a node's worth at TP 1 (wider rollouts sample this many,
 # rollout_s).
 MAX_RANKS = 8
