@@ -16,10 +16,9 @@ removes most of it (docs/BENCHMARKS.md).
 What it reads (DESIGN.md §6): predicted batches only, never a sampled length of a step to come:
 batches drawn from the task preset's generative model under seeds of this module's own
 (:func:`prior_batches`). After a pipeline's first step the width timer carries the bias this
-measures on the prior over to the history's cheaper one-rank replay (``jigsaw/widths.py``): a
-replan asks for many widths, and replaying every rank of several batches each time made a
-decision at 128 GPUs x 16 pipelines take 150 ms at its 99th percentile (a resampling of the
-observed groups was tried and dropped for that).
+measures on the prior over to the history's cheaper one-rank replay (``jigsaw/widths.py``): the
+history changes every step and a replan asks for many widths, so a resampling of the observed
+groups replayed on every rank (tried) would multiply what each replan costs.
 """
 
 from __future__ import annotations

@@ -13,11 +13,12 @@ planner needs.
 What the prediction reads (DESIGN.md §6): before a pipeline's first finished step, batches drawn
 from the task preset's generative model (:func:`~jigsawrl.scheduler.batch_replay.prior_batches`
 — the same draws the verl placements are sized with, so that the two are compared on equal
-terms); after it, the observed groups of the last ``window`` steps resampled
-(:func:`~jigsawrl.scheduler.batch_replay.history_batches`), each total split into the preset's
-expected turns for a multi-turn task (history holds totals only). The post-rollout stages are
-timed on the quantile lengths of :class:`~jigsawrl.graph.predict.HistoryPredictor` (their sum is
-what matters there). Never a sampled length of a step not yet finished.
+terms). After it, one engine with a fair mix of the lengths of the last ``window`` steps
+(:class:`~jigsawrl.graph.predict.HistoryPredictor`'s quantiles, each total split into the
+preset's expected turns for a multi-turn task: history holds totals only), scaled by the ratio
+of the prior's slowest engine to the prior's fair mix at that width — the dispatch's bias (and
+the regroup's gain), measured on the prior and carried over: a simplification, cheap enough for
+a replan. Never a sampled length of a step not yet finished.
 
 Training is pooled (every device, the train state onloaded for the pass), so its time does not
 depend on the rollout width: :meth:`WidthTimer.train_s` is the model passes on the whole pool.
