@@ -28,6 +28,7 @@ from collections.abc import Callable, Hashable, Sequence
 
 import numpy as np
 
+from jigsawrl.costmodel.protocol import CostModelProtocol
 from jigsawrl.graph.build import rank_segments
 from jigsawrl.scheduler.base import PipelineView
 from jigsawrl.sim.dispatch import dispatch_requests
@@ -65,16 +66,16 @@ def prior_batches(pv: PipelineView, fallback: list[RequestTruth],
     each in sample order. A task without a preset gets ``fallback`` (its prior), once. The same
     objects for every pipeline of one task and shape (:func:`prior_key`), which lets their
     replays be shared (:func:`memo`)."""
-    spec = pv.spec
-    task = TASKS.get(spec.task)
-    if task is None:
-        return [fallback]
-    return list(_prior(prior_key(pv), draws))
+    key = prior_key(pv)
+    return [fallback] if key is None else list(_prior(key, draws))
 
 
-def prior_key(pv: PipelineView) -> tuple[str, int, int, int]:
-    """What a pipeline's prior batches depend on: its task and step shape."""
+def prior_key(pv: PipelineView) -> tuple[str, int, int, int] | None:
+    """What a pipeline's prior batches depend on: its task and step shape (None: a task
+    without a preset, whose prior is its own)."""
     s = pv.spec
+    if TASKS.get(s.task) is None:
+        return None
     return (s.task, s.group_size, s.max_response_tokens, s.batch_size)
 
 
@@ -87,10 +88,13 @@ def _prior(key: tuple[str, int, int, int], draws: int) -> tuple[list[RequestTrut
                                      batch_size) for d in range(draws))
 
 
-def memo(key: Hashable, cost: object, compute: Callable[[], float]) -> float:
+def memo(key: Hashable | None, cost: object, compute: Callable[[], float]) -> float:
     """``compute()``, remembered by ``key`` for the cost model ``cost`` (replays are pure
     functions of their requests, model, TP, KV budget and cost model: a TP candidate, a verl
-    timer and a pipeline alike ask for the same ones). Bounded: cleared past 8,192 entries."""
+    timer and a pipeline alike ask for the same ones); a key of None is not remembered.
+    Bounded: cleared past 8,192 entries."""
+    if key is None:
+        return compute()
     got = _MEMO.get(key)
     if got is not None and got[0] is cost:
         return got[1]
@@ -102,6 +106,18 @@ def memo(key: Hashable, cost: object, compute: Callable[[], float]) -> float:
 
 
 _MEMO: dict[Hashable, tuple[object, float]] = {}
+
+
+def instances(cost: CostModelProtocol, pv: PipelineView, kv_mem: float,
+              prefix: str) -> tuple[NewInstance, int]:
+    """A maker of ``pv``'s empty rollout instances at its rollout TP with the KV budget of
+    ``kv_mem`` bytes per device (named ``prefix/name``), and that budget in tokens."""
+    tp = pv.spec.rollout_tp
+    kv = max(1, cost.kv_budget_tokens(pv.model, tp, max(kv_mem, 1.0)))
+
+    def instance(name: str) -> RolloutInstance:
+        return RolloutInstance(f"{prefix}/{name}", pv.model, tp, cost, kv_budget_tokens=kv)
+    return instance, kv
 
 
 def plain_s(chunks: list[list[RequestTruth]], instance: NewInstance) -> float:

@@ -52,12 +52,12 @@ from jigsawrl.scheduler.base import PipelineView, View
 from jigsawrl.scheduler.batch_replay import (
     MAX_RANKS,
     RanksReplay,
+    instances,
     memo,
     prior_batches,
     prior_key,
     rollout_s,
 )
-from jigsawrl.sim.rollout import RolloutInstance
 from jigsawrl.workload.requests import RequestTruth, TurnTruth
 from jigsawrl.workload.task_presets import TASKS, TaskSpec
 
@@ -205,11 +205,7 @@ class JobTimer:
             batches = self._batches[pv.name] = prior_batches(pv, reqs)
         ranks = max(1, n // spec.rollout_tp)
         kv_mem = self._kv_mem(pv, n)
-        kv = max(1, cost.kv_budget_tokens(pv.model, spec.rollout_tp, max(kv_mem, 1.0)))
-
-        def instance(name: str) -> RolloutInstance:
-            return RolloutInstance(f"{pv.name}/prior/{name}", pv.model, spec.rollout_tp, cost,
-                                   kv_budget_tokens=kv)
+        instance, kv = instances(cost, pv, kv_mem, f"{pv.name}/prior")
 
         def gen_s() -> float:  # every rank with its contiguous chunk of a prior batch
             return rollout_s(pv, batches, ranks, instance, kv_mem, self.gen_replay)
@@ -217,9 +213,9 @@ class JobTimer:
         # shared with other timers of this cost model; the prior is the task's, not the job's
         tag = getattr(self.gen_replay, "key", None) if (
             self.gen_replay is not None and ranks <= MAX_RANKS) else "plain"
-        gen = gen_s() if tag is None or TASKS.get(spec.task) is None else memo(
-            ("job", prior_key(pv), pv.model, spec.rollout_tp, kv, kv_mem, ranks, tag), cost,
-            gen_s)
+        prior = prior_key(pv)
+        gen = memo(None if tag is None or prior is None else (
+            "job", prior, pv.model, spec.rollout_tp, kv, kv_mem, ranks, tag), cost, gen_s)
         tokens = sum(r.total_tokens for r in reqs)
         stages = post_rollout_stages(cost, pv.model, n, tokens, len(reqs), use_ref=spec.use_ref,
                                      ppo_epochs=spec.train.ppo_epochs,

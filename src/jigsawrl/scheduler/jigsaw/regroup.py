@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from jigsawrl.costmodel.protocol import CostModelProtocol
 from jigsawrl.graph.build import rank_segments
 from jigsawrl.scheduler.base import PipelineView, Regroup, RunningTask, View
-from jigsawrl.scheduler.batch_replay import NewInstance, RanksReplay
+from jigsawrl.scheduler.batch_replay import NewInstance, RanksReplay, plain_s
 from jigsawrl.scheduler.verl_placements import prior_requests
 from jigsawrl.sim.rollout import ReqRun, RolloutInstance
 from jigsawrl.workload.requests import RequestTruth
@@ -63,23 +63,20 @@ def replay_s(cost: CostModelProtocol, pv: PipelineView, chunks: list[list[Reques
     requests then (a decode in flight cut there; a prefill or a tool call out finishes first),
     the group starts after the last of them and its wake-up (a weight sync onto it) and
     re-prefills every moved context; the drained ranks ended as they would have."""
-    if not chunks:
-        return 0.0
+    tp = pv.spec.rollout_tp
+    if group_tp <= tp:
+        return plain_s(chunks, instance)
     counts: list[list[tuple[float, int]]] = []  # per rank: (time, unfinished) after a segment
     plain = 0.0
-    tp = 1
     for r, chunk in enumerate(chunks):
         inst = instance(str(r))
         inst.add(chunk)
-        tp = inst.tp
         seen = [(0.0, inst.unfinished)]
-        segs = rank_segments(inst, stop=_recorder(seen) if group_tp > tp else None)
+        segs = rank_segments(inst, stop=_recorder(seen))
         end = segs[-1][2] if segs else 0.0
         seen.append((end, 0))
         counts.append(seen)
         plain = max(plain, end)
-    if group_tp <= tp:
-        return plain
     limit = min(tail_requests, tail_fits(cost, pv, group_tp, kv_mem))
     at = _regroup_time(counts, limit, group_tp // tp)
     if at is None or at >= plain:
@@ -138,16 +135,23 @@ def _regroup_time(counts: list[list[tuple[float, int]]], limit: int,
     return None
 
 
+def regroup_replay(cost: CostModelProtocol, tail_requests: int,
+                   group: Callable[[PipelineView, int], int]) -> RanksReplay:
+    """:func:`replay_s` as a rollout's ranks replay, on the TP ``group(pipeline, ranks)``."""
+    def replay(pv: PipelineView, chunks: list[list[RequestTruth]], instance: NewInstance,
+               kv_mem: float) -> float:
+        return replay_s(cost, pv, chunks, instance, group(pv, len(chunks)), kv_mem,
+                        tail_requests)
+    return replay
+
+
 def placed_replay(view: View, tail_requests: int) -> RanksReplay:
     """How a verl job's rollout is timed when jigsaw runs the placement and regroups its tails
     (:func:`~.tail.TailMigration.regroup_placed`): :func:`replay_s` on the widest TP group the
     job's ranks reach within one node."""
-    cost, per_node = view.cost, view.accelerators_per_node
-
-    def replay(pv: PipelineView, chunks: list[list[RequestTruth]], instance: NewInstance,
-               kv_mem: float) -> float:
-        group = widest_tp(min(len(chunks) * pv.spec.rollout_tp, per_node), pv.model.num_heads)
-        return replay_s(cost, pv, chunks, instance, group, kv_mem, tail_requests)
+    per_node = view.accelerators_per_node
+    replay = regroup_replay(view.cost, tail_requests, lambda pv, ranks: widest_tp(
+        min(ranks * pv.spec.rollout_tp, per_node), pv.model.num_heads))
     replay.key = ("regroup", per_node, tail_requests)  # type: ignore[attr-defined]
     return replay
 

@@ -33,16 +33,15 @@ from jigsawrl.graph.predict import HistoryPredictor
 from jigsawrl.scheduler.base import PipelineView, View
 from jigsawrl.scheduler.batch_replay import (
     MAX_RANKS,
-    NewInstance,
+    instances,
     memo,
     plain_s,
     prior_batches,
     prior_key,
     rollout_s,
 )
-from jigsawrl.scheduler.jigsaw.regroup import replay_s, widest_tp
+from jigsawrl.scheduler.jigsaw.regroup import regroup_replay, widest_tp
 from jigsawrl.scheduler.verl_placements import pipeline_resident_bytes, prior_requests
-from jigsawrl.sim.rollout import RolloutInstance
 from jigsawrl.stages import MODEL_PASSES, Stage
 from jigsawrl.workload.requests import RequestTruth, TurnTruth
 from jigsawrl.workload.task_presets import TASKS
@@ -148,40 +147,27 @@ class WidthTimer:
             got = self._priors[pv.name] = (reqs, sorted(reqs, key=lambda r: -r.generated_tokens))
         return got
 
-    def _instance(self, view: View, pv: PipelineView, ranks: int):  # noqa: ANN202
-        tp, cost = pv.spec.rollout_tp, view.cost
-        kv = max(1, cost.kv_budget_tokens(pv.model, tp, max(self.kv_mem_bytes, 1.0)))
-
-        def instance(name: str) -> RolloutInstance:
-            return RolloutInstance(f"{pv.name}/plan/{ranks}/{name}", pv.model, tp, cost,
-                                   kv_budget_tokens=kv)
-        return instance, kv
-
     def _slowest_s(self, view: View, pv: PipelineView, ranks: int, group: int) -> float:
         """The prior's slowest rank on ``ranks`` ranks, tails regrouped on TP ``group``; shared
         by pipelines alike and other plans of the pool (:func:`~jigsawrl.scheduler.
         batch_replay.memo`)."""
         tp, cost = pv.spec.rollout_tp, view.cost
-        instance, kv = self._instance(view, pv, ranks)
+        instance, kv = instances(cost, pv, self.kv_mem_bytes, f"{pv.name}/plan/{ranks}")
         batches = prior_batches(pv, self._prior(pv)[0])
-        replay = None
-        if group > tp:
-            def replay(p: PipelineView, chunks: list[list[RequestTruth]],
-                       make: NewInstance, kv_mem: float) -> float:
-                return replay_s(cost, p, chunks, make, group, kv_mem, self.tail_requests)
+        replay = regroup_replay(cost, self.tail_requests, lambda p, r: group) if (
+            group > tp) else None
 
         def end() -> float:
             return rollout_s(pv, batches, ranks, instance, self.kv_mem_bytes, replay)
-        if TASKS.get(pv.spec.task) is None:
-            return end()
-        return memo(("width", pv.model, tp, kv, self.kv_mem_bytes,
-                     group if ranks <= MAX_RANKS else tp, ranks, self.tail_requests,
-                     prior_key(pv)), cost, end)
+        prior = prior_key(pv)
+        return memo(None if prior is None else (
+            "width", pv.model, tp, kv, self.kv_mem_bytes, group if ranks <= MAX_RANKS else tp,
+            ranks, self.tail_requests, prior), cost, end)
 
     def _mix_s(self, view: View, pv: PipelineView, reqs: list[RequestTruth],
                ranks: int) -> float:
         """One rank with every ``ranks``-th of ``reqs`` (longest first), replayed alone."""
-        instance, kv = self._instance(view, pv, ranks)
+        instance, kv = instances(view.cost, pv, self.kv_mem_bytes, f"{pv.name}/plan/{ranks}")
         mix = reqs[::ranks]
         return memo(("mix", pv.model, pv.spec.rollout_tp, kv,
                      tuple((r.prompt_tokens, r.turns) for r in mix)), view.cost,
