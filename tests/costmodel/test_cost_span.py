@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jigsawrl.costmodel import CostModel
+from jigsawrl.costmodel import CostModel, rollout_cost
 from jigsawrl.workload.accelerators import ACCELERATORS
 from jigsawrl.workload.models import MODELS
 
@@ -120,3 +120,22 @@ def test_a_bad_share_raises_however_often_it_is_asked() -> None:
     for _ in range(2):
         with pytest.raises(ValueError, match="compute share"):
             cm.decode_span_time_s(model, 1, 4, 100, 3, 1.5)
+
+
+def test_the_per_batch_cache_is_bounded_and_exact_after_clearing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Continuous shares make its keys unbounded: past its size it is cleared, and a span
+    timed after the clearing is the one a fresh model times; prefills read the same cached
+    per-(model, TP, share) constants and match a fresh model's too."""
+    monkeypatch.setattr(rollout_cost, "BATCH_CACHE", 8)
+    accel, model = ACCELERATORS["h100-80gb"], MODELS["qwen3-4b"]
+    warm = CostModel(accel)
+    for b in range(1, 30):
+        warm.decode_span_time_s(model, 2, b, 1000, 5, 0.5)
+        assert len(warm._batch_cache) <= 8
+    fresh = CostModel(accel)
+    for b in (1, 7, 29):
+        assert warm.decode_span_time_s(model, 2, b, 900, 7, 0.5) == \
+            fresh.decode_span_time_s(model, 2, b, 900, 7, 0.5)
+    assert warm.prefill_time_s(model, 2, 512, 300, 0.5, num_seqs=3) == \
+        fresh.prefill_time_s(model, 2, 512, 300, 0.5, num_seqs=3)

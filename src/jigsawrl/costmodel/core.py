@@ -73,6 +73,8 @@ class CostCore:
                                  if self.deployment.enforce_eager else 0.0)
         # (id(model), tp, share) -> the decode lines' constants (RolloutCosts._line_consts)
         self._line_cache: dict[tuple[int, int, float], tuple[Any, ...]] = {}
+        # (id(model), tp, share, batch) -> what of them depends on the batch only
+        self._batch_cache: dict[tuple[int, int, float, int], tuple[Any, ...]] = {}
 
     # ---------------------------------------------------------------- noise
 

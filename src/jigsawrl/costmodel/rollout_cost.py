@@ -75,6 +75,11 @@ def series_count(first: float, step: float, budget: float) -> float:
     return (root - b) / step  # b <= 0 implies step > 0 (first > 0)
 
 
+# Entries of the per-batch decode-line cache before it is cleared (shares the executor sets
+# are continuous, so the keys are not a small set everywhere).
+BATCH_CACHE = 65_536
+
+
 class RolloutCosts(CostCore):
     """Prefill and decode of one engine instance (TP group) on a compute share of its devices."""
 
@@ -87,21 +92,35 @@ class RolloutCosts(CostCore):
                 kv_bytes_per_token_per_device(model, tp) * self._kv_scale,
                 model.weight_bytes() / tp, self._eager_per_layer * model.num_layers)
 
-    def _decode_lines(self, model: ModelSpec, tp: int, batch: int, ctx_tokens: float,
-                      share: float) -> tuple[float, float, float, float, float]:
-        """(k, c0, c1, m0, m1): iteration i of a span takes k + max(c0 + c1 i, m0 + m1 i)."""
+    def _consts(self, model: ModelSpec, tp: int, share: float) -> tuple[Any, ...]:
+        """:meth:`_line_consts`, worked out once per (model, TP, share)."""
         key = (id(model), tp, share)
         got = self._line_cache.get(key)
         if got is None or got[0] is not model:
             got = self._line_cache[key] = self._line_consts(model, tp, share)
-        _, comp, bw, attn, kv, weights, fixed = got
-        c0 = (2.0 * model.num_params * batch + attn * ctx_tokens) / comp
-        c1 = attn * batch / comp
+        return got
+
+    def _decode_lines(self, model: ModelSpec, tp: int, batch: int, ctx_tokens: float,
+                      share: float) -> tuple[float, float, float, float, float]:
+        """(k, c0, c1, m0, m1): iteration i of a span takes k + max(c0 + c1 i, m0 + m1 i).
+
+        What depends on the batch but not the context (k, c1, m1, the dense FLOPs) is worked
+        out once per batch size: a replay times thousands of spans over a few hundred sizes."""
+        key = (id(model), tp, share, batch)
+        got = self._batch_cache.get(key)
+        if got is None or got[0] is not model:
+            _, comp, bw, attn, kv, weights, fixed = self._consts(model, tp, share)
+            p = self.params
+            k = (p.iter_overhead_s + p.iter_overhead_per_seq_s * batch
+                 + self._tp_comm(model, batch, tp) + fixed)
+            if len(self._batch_cache) >= BATCH_CACHE:
+                self._batch_cache.clear()
+            got = self._batch_cache[key] = (model, 2.0 * model.num_params * batch, comp, attn,
+                                            attn * batch / comp, weights, kv, bw,
+                                            kv * batch / bw, k)
+        _, dense, comp, attn, c1, weights, kv, bw, m1, k = got
+        c0 = (dense + attn * ctx_tokens) / comp
         m0 = (weights + kv * ctx_tokens) / bw
-        m1 = kv * batch / bw
-        p = self.params
-        k = (p.iter_overhead_s + p.iter_overhead_per_seq_s * batch + self._tp_comm(model, batch, tp)
-             + fixed)
         return k, c0, c1, m0, m1
 
     def prefill_time_s(self, model: ModelSpec, tp: int, new_tokens: int, ctx_tokens: int = 0,
@@ -120,8 +139,8 @@ class RolloutCosts(CostCore):
         p = self.params
         flops = prefill_flops(model, new_tokens, ctx_tokens, num_seqs)
         compute = flops / (self._prefill_rate * share * tp)
-        kv = kv_bytes_per_token_per_device(model, tp) * self._kv_scale
-        mem = (model.weight_bytes() / tp + kv * (ctx_tokens + new_tokens)) / self._bw(share)
+        _, _, bw, _, kv, weights, _ = self._consts(model, tp, share)
+        mem = (weights + kv * (ctx_tokens + new_tokens)) / bw
         t = (compute if compute > mem else mem) + p.iter_overhead_s
         t += p.iter_overhead_per_seq_s * num_seqs + self._tp_comm(model, new_tokens, tp)
         return self._out(t, noise)
