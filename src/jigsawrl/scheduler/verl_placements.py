@@ -199,7 +199,9 @@ class JobTimer:
     def step_s(self, pv: PipelineView, n: int) -> float:
         """Predicted seconds of one step on ``n`` devices: generation + post-rollout stages."""
         cost, spec = self.view.cost, pv.spec
-        reqs = self._requests.setdefault(pv.name, prior_requests(pv))
+        reqs = self._requests.get(pv.name)
+        if reqs is None:  # not setdefault: that would build the prior on every call
+            reqs = self._requests[pv.name] = prior_requests(pv)
         batches = self._batches.get(pv.name)
         if batches is None:
             batches = self._batches[pv.name] = prior_batches(pv, reqs)
