@@ -10,6 +10,8 @@ from jigsawrl.experiments.resolve import resolve
 from jigsawrl.experiments.simulated import make_cost
 from jigsawrl.graph.build import rank_segments
 from jigsawrl.scheduler.batch_replay import (
+    DRAWS,
+    draws_for,
     plain_s,
     prior_batches,
     rollout_s,
@@ -42,6 +44,14 @@ def test_prior_batches_are_draws_of_whole_groups_the_same_every_time() -> None:
         prompts = [r.prompt_tokens for r in batch]
         assert all(len(set(prompts[i:i + 4])) == 1 for i in range(0, len(prompts), 4))
     assert a[0] != a[1]
+    assert len(a) == DRAWS  # 64 requests a batch: the most draws
+
+
+def test_larger_batches_are_drawn_fewer_times() -> None:
+    """Every batch of up to 256 requests (all example configs but scale-512) gets the most
+    draws; 512 requests two, 1,024 or more one."""
+    assert [draws_for(n) for n in (1, 128, 256, 300, 512, 1024, 5000)] == [
+        DRAWS, DRAWS, DRAWS, DRAWS, 2, 1, 1]
 
 
 def test_the_rollout_is_its_slowest_rank() -> None:

@@ -42,9 +42,13 @@ from jigsawrl.workload.task_presets import TASKS, RequestSampler
 # plan and every verl placement of a run is timed on the same draws, so their comparisons share
 # the noise; still, at two draws jigsaw's plan for scale-14b-32 was forecast 4.0% sooner than
 # verl-sized (past the fallback's 3% margin) and measured 0.96x on seed 0 (at four: 2.8%, it
-# runs verl-sized). Four cost speed: 512 GPUs x 16 pipelines x 4 steps simulate in ~42 s
-# (two: ~29 s; target 30 s), most of it the first decision's TP search.
+# runs verl-sized). At most this many, and fewer for larger batches (:func:`draws_for`).
 DRAWS = 4
+# Requests replayed per predicted rollout: a batch of more requests is its own average (its
+# ranks' chunks are larger, their times less spread), so it is drawn fewer times — DRAWS
+# batches of 256 requests (64 prompts x 4, every example config but scale-512) or two of 512.
+# What it buys: scale-512's 512-request batches cost half the replay (docs/BENCHMARKS.md).
+DRAW_REQUESTS = 1024
 # Ranks replayed per batch: a node's worth at TP 1 (wider rollouts sample this many,
 # rollout_s).
 MAX_RANKS = 8
@@ -60,14 +64,22 @@ RanksReplay = Callable[[PipelineView, list[list[RequestTruth]], NewInstance, flo
 
 
 def prior_batches(pv: PipelineView, fallback: list[RequestTruth],
-                  draws: int = DRAWS) -> list[list[RequestTruth]]:
-    """``draws`` batches of one step from the task preset's generative model (per-prompt
-    difficulty, per-sample spread, turns and tool calls; no drift: a policy does not know it),
-    each in sample order. A task without a preset gets ``fallback`` (its prior), once. The same
-    objects for every pipeline of one task and shape (:func:`prior_key`), which lets their
-    replays be shared (:func:`memo`)."""
+                  draws: int | None = None) -> list[list[RequestTruth]]:
+    """``draws`` (default :func:`draws_for`) batches of one step from the task preset's
+    generative model (per-prompt difficulty, per-sample spread, turns and tool calls; no drift:
+    a policy does not know it), each in sample order. A task without a preset gets ``fallback``
+    (its prior), once. The same objects for every pipeline of one task and shape
+    (:func:`prior_key`), which lets their replays be shared (:func:`memo`)."""
     key = prior_key(pv)
-    return [fallback] if key is None else list(_prior(key, draws))
+    if key is None:
+        return [fallback]
+    return list(_prior(key, draws_for(key[1] * key[3]) if draws is None else draws))
+
+
+def draws_for(requests: int) -> int:
+    """Batches of ``requests`` requests drawn per prediction: enough for
+    :data:`DRAW_REQUESTS` replayed requests, between 1 and :data:`DRAWS`."""
+    return max(1, min(DRAWS, -(-DRAW_REQUESTS // max(1, requests))))
 
 
 def prior_key(pv: PipelineView) -> tuple[str, int, int, int] | None:
