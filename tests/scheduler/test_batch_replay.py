@@ -48,8 +48,8 @@ def test_prior_batches_are_draws_of_whole_groups_the_same_every_time() -> None:
 
 
 def test_larger_batches_are_drawn_fewer_times() -> None:
-    """Every batch of up to 256 requests (all example configs but scale-512) gets the most
-    draws; 512 requests two, 1,024 or more one."""
+    """A replay budget: every batch of up to 256 requests (all example configs but scale-512)
+    gets the most draws; 512 requests two, 1,024 or more one."""
     assert [draws_for(n) for n in (1, 128, 256, 300, 512, 1024, 5000)] == [
         DRAWS, DRAWS, DRAWS, DRAWS, 2, 1, 1]
 

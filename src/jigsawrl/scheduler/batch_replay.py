@@ -44,10 +44,12 @@ from jigsawrl.workload.task_presets import TASKS, RequestSampler
 # verl-sized (past the fallback's 3% margin) and measured 0.96x on seed 0 (at four: 2.8%, it
 # runs verl-sized). At most this many, and fewer for larger batches (:func:`draws_for`).
 DRAWS = 4
-# Requests replayed per predicted rollout: a batch of more requests is its own average (its
-# ranks' chunks are larger, their times less spread), so it is drawn fewer times — DRAWS
-# batches of 256 requests (64 prompts x 4, every example config but scale-512) or two of 512.
-# What it buys: scale-512's 512-request batches cost half the replay (docs/BENCHMARKS.md).
+# Requests replayed per predicted rollout, a budget: DRAWS batches of 256 requests (64 prompts
+# x 4, every example config but scale-512) or two of 512. A trade of precision for speed, not a
+# free one: a larger batch is not less noisy (one draw's slowest rank, sd/mean over 12 draws at
+# 2-8 ranks: MATH 7.3-7.8% at 256 requests, 8.5-9.0% at 512; GSM8K 7.1-11.2% and 6.9-7.9%), so
+# scale-512's predictions average two draws' noise; they buy its 512-GPU simulation under 30 s
+# (its plan choice unchanged; docs/BENCHMARKS.md).
 DRAW_REQUESTS = 1024
 # Ranks replayed per batch: a node's worth at TP 1 (wider rollouts sample this many,
 # rollout_s).
