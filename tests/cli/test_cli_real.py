@@ -11,3 +11,5 @@ def test_plan_note_says_what_jigsaw_ran() -> None:
     assert "plan: verl-queue-2" in fell and "362 s" in fell and "verl-queue-2 361 s" in fell
     own = plan_note({"runs": "jigsaw", "jigsaw_s": None, "verl": None, "verl_s": None})
     assert "does not fit" in own and "fallback off" in own
+    # the prior's forecast, not the calibrated prediction: the note says which
+    assert all("first decision, on the task prior" in n for n in (fell, own))

@@ -111,15 +111,20 @@ def _print_ray_result(console: Console, summary: dict[str, Any], cal: Any,
 
 
 def plan_note(plan: dict[str, Any]) -> str:
-    """What jigsaw ran and why: its own plan or the verl placement it fell back to."""
+    """What jigsaw ran and why: its own plan or the verl placement it fell back to.
+
+    The makespans are what the policy predicted at its first decision, from the task prior
+    (a task without a preset: a quarter of the response cap a sample), so they are not the
+    run's calibrated prediction printed above and can differ from it several-fold: said so."""
     own, verl = plan.get("jigsaw_s"), plan.get("verl_s")
     own_s = f"{own:.0f} s" if isinstance(own, int | float) else "does not fit"
+    when = "at the first decision, on the task prior"
     if plan.get("verl") is None:
-        return (f"plan: {plan.get('runs')} (predicted makespan {own_s}; fallback off: the verl "
-                "placements were not considered)")
+        return (f"plan: {plan.get('runs')} (predicted makespan {own_s} {when}; fallback off: "
+                "the verl placements were not considered)")
     verl_s = f"{verl:.0f} s" if isinstance(verl, int | float) else "–"
-    return (f"plan: {plan.get('runs')} (predicted makespan: jigsaw's own plan {own_s}, best verl "
-            f"placement {plan.get('verl')} {verl_s})")
+    return (f"plan: {plan.get('runs')} (predicted makespan {when}: jigsaw's own plan {own_s}, "
+            f"best verl placement {plan.get('verl')} {verl_s})")
 
 
 @user_errors
