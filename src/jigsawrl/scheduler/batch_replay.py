@@ -75,7 +75,9 @@ def prior_batches(pv: PipelineView, fallback: list[RequestTruth],
     key = prior_key(pv)
     if key is None:
         return [fallback]
-    return list(_prior(key, draws_for(key[1] * key[3]) if draws is None else draws))
+    if draws is None:
+        draws = draws_for(pv.spec.batch_size * pv.spec.group_size)
+    return list(_prior(key, draws))
 
 
 def draws_for(requests: int) -> int:

@@ -154,10 +154,9 @@ class RolloutInstance:
         co-located work contends for the device's memory bandwidth. When ``None`` is returned and
         ``tool_waiting > 0`` the instance is idle waiting for tools.
         """
-        if self.queue and self.n_running < self.max_num_seqs:  # else nothing can be admitted
-            admitted = self._admit()
-            if admitted:
-                return self._prefill_segment(admitted, now_s, share)
+        admitted = self._admit()
+        if admitted:
+            return self._prefill_segment(admitted, now_s, share)
         if self.n_running == 0:
             return None
         iters = self._heap[0][0] - self.it
