@@ -129,6 +129,46 @@ def test_invariants_hold_for_every_run(pipes, devices, seed, policy) -> None:  #
     assert all(s.end_s >= s.start_s for s in spans)
 
 
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pipes=st.lists(pipeline_st, min_size=1, max_size=3), devices=st.sampled_from([2, 4, 8]),
+       seed=st.integers(0, 1000))
+def test_in_tail_logprobs_share_no_device_and_keep_the_order(pipes, devices, seed) -> None:  # noqa: ANN001
+    """jigsaw's in-tail log-probs (on, at the config's TP so that ranks drain, on its own plan):
+    every invariant above, and a streamed pass never shares a device's compute with anything."""
+    cfg = make_cfg(pipes, devices, seed)
+    exp = resolve(cfg)
+    try:
+        res = run_once(exp, get_policy("jigsaw", {"tail_logprobs": True, "tp_search": False,
+                                                  "fallback": False}), seed)
+    except ConfigError:
+        reject()
+    spans = [e for e in res.events if isinstance(e, Span)]
+    check_shares(spans)
+    check_dependencies(spans, [e for e in res.events if isinstance(e, StepFinished)],
+                       {p.spec.name: p.spec.max_staleness for p in exp.pipelines})
+    streamed = {s.stage for s in spans if s.rank == STREAMED_RANK}
+    assert streamed <= {Stage.OLD_LOGPROB, Stage.REF_LOGPROB}  # never the update
+    samples = [e for e in res.events if isinstance(e, SampleFinished)]
+    assert len(samples) == sum(p["steps"] * p["batch_size"] * p["group_size"] for p in pipes)
+
+
+def test_in_tail_logprobs_run_where_a_rank_drains() -> None:
+    """The property above is not vacuous: a lone MATH pipeline on 4 one-device ranks streams
+    log-probs onto its drained ranks, and its post-rollout old log-probs get shorter."""
+    cfg = make_cfg([{"model": "qwen3-0.6b", "task": "math", "batch_size": 6, "group_size": 4,
+                     "max_response_tokens": 4096, "steps": 2, "mode": "sync"}], 4, 3)
+    exp = resolve(cfg)
+    old: dict[bool, float] = {}
+    for on in (False, True):
+        res = run_once(exp, get_policy("jigsaw", {"tail_logprobs": on, "tp_search": False,
+                                                  "fallback": False}), 3)
+        spans = [e for e in res.events if isinstance(e, Span)]
+        assert any(s.rank == STREAMED_RANK for s in spans) == on
+        old[on] = sum(s.tokens for s in spans
+                      if s.stage == Stage.OLD_LOGPROB and s.rank != STREAMED_RANK)
+    assert 0 < old[True] < old[False]
+
+
 def test_single_pipeline_makespan_equals_critical_path_without_noise() -> None:
     cfg = make_cfg([{"model": "qwen3-4b", "task": "aime-tool", "batch_size": 8, "group_size": 4,
                      "max_response_tokens": 4096, "steps": 3, "mode": "sync"}], 4, 7)

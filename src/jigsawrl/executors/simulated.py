@@ -152,4 +152,5 @@ class SimulatedExecutor:
         chunks = self._dispatch(self.step_requests(pipe, a.step), n_ranks, a.dispatch, a.step,
                                 a.ranker)
         self.sim.start_rollout(tid, pipe, a.step, a.devices, a.tp, a.share, a.kv_mem_bytes,
-                               chunks, first_b=a.first_b, stream_devices=a.stream_devices)
+                               chunks, first_b=a.first_b, stream_devices=a.stream_devices,
+                               tail_logprobs=a.tail_logprobs)

@@ -72,7 +72,9 @@ class StartRollout:
     rollout is done when its pipeline's first ``batch_size`` groups have finished, from any of
     its rollouts; its unfinished requests carry over into the next rollout. Both are modelled by
     the simulator only (``jigsawrl.sim.stream``, ``jigsawrl.sim.batching``); the Ray executor
-    runs such a rollout as a plain one and says so in its log.
+    runs such a rollout as a plain one and says so in its log. ``tail_logprobs`` (jigsaw's
+    in-tail log-probs): the old/ref log-probs of finished groups run on the rollout's devices
+    that drained and nothing else uses, while its tail still runs (simulator only, likewise).
     """
 
     pipeline: str
@@ -85,6 +87,7 @@ class StartRollout:
     ranker: LengthRanker | None = None
     stream_devices: tuple[int, ...] = ()
     first_b: bool = False
+    tail_logprobs: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,7 +45,7 @@ class SimCluster:
         self.contention = BandwidthContention(num_devices, cost)
         slice_s = worker_param(cost, "serial_slice_s")
         self.gates = DeviceGates(self.q, num_devices, slice_s) if slice_s > 0 else None
-        self.streams = StreamRuntime(self.q, cost, self.events, self._works_on)
+        self.streams = StreamRuntime(self.q, cost, self.events, self._works_on, self._idle)
         self.rollouts = RolloutRuntime(self.q, cost, self.contention, self.events, listener,
                                        self.streams, self.gates)
         self.works = WorkRuntime(self.q, cost, self.contention, self.events, listener,
@@ -56,6 +56,14 @@ class SimCluster:
         """Whether a compute work runs on any of ``devices`` (a stream server yields to it)."""
         devs = set(devices)
         return any(devs.intersection(w.devices) for w in self.works.works.values())
+
+    def _idle(self, devices: tuple[int, ...]) -> tuple[int, ...]:
+        """Those of ``devices`` on which neither a compute work nor an undrained rollout rank
+        runs (what an in-tail log-prob server may use)."""
+        used = {d for w in self.works.works.values() for d in w.devices}
+        used.update(d for task in self.rollouts.tasks.values() for rank in task.ranks
+                    if rank.redirect is None and rank.inst.unfinished > 0 for d in rank.devices)
+        return tuple(d for d in devices if d not in used)
 
     def _settle(self) -> None:
         """After an action or event: re-time contended decodes, pause or resume streaming."""
@@ -81,13 +89,15 @@ class SimCluster:
     def start_rollout(self, tid: str, pipe: ResolvedPipeline, step: int,
                       devices: tuple[int, ...], tp: int, share: float, kv_mem_bytes: float,
                       chunks: list[list[RequestTruth]], *, first_b: bool = False,
-                      stream_devices: tuple[int, ...] = ()) -> None:
+                      stream_devices: tuple[int, ...] = (),
+                      tail_logprobs: bool = False) -> None:
         """Start a rollout: rank ``r`` runs ``chunks[r]`` on its TP group of ``devices``, with
-        ``kv_mem_bytes`` of KV cache per device (``first_b``, ``stream_devices``: see
-        :meth:`~.rollout_task.RolloutRuntime.start`)."""
+        ``kv_mem_bytes`` of KV cache per device (``first_b``, ``stream_devices``,
+        ``tail_logprobs``: see :meth:`~.rollout_task.RolloutRuntime.start`)."""
         self.works.rollout_tps[pipe.spec.name] = tp
         self.rollouts.start(tid, pipe, step, devices, tp, share, kv_mem_bytes, chunks,
-                            first_b=first_b, stream_devices=stream_devices)
+                            first_b=first_b, stream_devices=stream_devices,
+                            tail_logprobs=tail_logprobs)
         self._settle()
 
     def start_work(self, tid: str, pipe: ResolvedPipeline, step: int, stage: str,

@@ -77,11 +77,13 @@ class RolloutRuntime(GatedRanksMixin, FirstBatchMixin, WorkerCallsMixin, Regroup
     def start(self, tid: str, pipe: ResolvedPipeline, step: int, devices: tuple[int, ...],
               tp: int, share: float, kv_mem_bytes: float,
               chunks: list[list[RequestTruth]], *, first_b: bool = False,
-              stream_devices: tuple[int, ...] = ()) -> None:
+              stream_devices: tuple[int, ...] = (), tail_logprobs: bool = False) -> None:
         """Start a rollout whose rank ``r`` runs ``chunks[r]`` on ``devices[r*tp:(r+1)*tp]``.
 
         ``first_b``: AReaL's first-B batches (:mod:`.batching`). ``stream_devices``: StreamRL's
         streaming of finished groups into a trainer on those devices (:mod:`.stream`).
+        ``tail_logprobs``: the finished groups' log-probs on the rollout's drained devices
+        (:mod:`.stream`'s tail mode; ignored with ``stream_devices``).
         """
         kv_tokens = self.cost.kv_budget_tokens(pipe.model, tp, kv_mem_bytes)
         task = RolloutTask(tid, pipe, step, [], first_b=first_b, kv_mem_bytes=kv_mem_bytes)
@@ -92,9 +94,10 @@ class RolloutRuntime(GatedRanksMixin, FirstBatchMixin, WorkerCallsMixin, Regroup
             task.ranks.append(RankRun(inst, devices[r * tp:(r + 1) * tp], share, index=r,
                                       owner=task, setup_due=self.setup_s > 0))
         reqs = [t for chunk in chunks for t in chunk]
-        if stream_devices:
+        if stream_devices or tail_logprobs:
             task.groups = GroupTracker(reqs)
-            self.streams.open(tid, pipe, step, stream_devices)
+            self.streams.open(tid, pipe, step, stream_devices or devices,
+                              tail=not stream_devices)
         self.tasks[tid] = task
         for rank in task.ranks:
             self._plan_rank(task, rank)

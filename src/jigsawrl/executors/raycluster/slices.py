@@ -53,9 +53,10 @@ class Rollouts:
         spec = self.state.pipes[a.pipeline].spec
         n = spec.batch_size * spec.group_size
         now = self.state.now_s
-        if a.first_b or a.stream_devices:
-            log.warning("%s: streaming into training and first-B batches are modelled by the "
-                        "simulator only; the Ray executor runs this rollout as a plain one", tid)
+        if a.first_b or a.stream_devices or a.tail_logprobs:
+            log.warning("%s: streaming into training, in-tail log-probs and first-B batches are "
+                        "modelled by the simulator only; the Ray executor runs this rollout as a "
+                        "plain one", tid)
         ranks = [RankRT(r, a.devices[r * a.tp:(r + 1) * a.tp], a.share, checkpoint_at=now)
                  for r in range(len(a.devices) // a.tp)]
         ro = RolloutRT(tid, a.pipeline, a.step, n, ranks)

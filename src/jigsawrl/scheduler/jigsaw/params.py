@@ -33,6 +33,11 @@ class JigsawParams:
         tp_search: run the rollout TPs predicted soonest among the config's scaled by
             ``rollout_tp.TP_FACTORS`` (:mod:`.tp_search`; only where the executor forms TP
             groups of any width; off: the config's TPs).
+        tail_logprobs: a sync pipeline's finished groups get their old (and reference)
+            log-probs on the rollout's drained devices while its tail still runs (the
+            simulator's ``sim/stream.py`` tail mode; the Ray executor runs the rollout plain);
+            the post-rollout passes then cover only the rest. Off by default: an option, as
+            issue 11 item 4 asks.
 
     Raises:
         ConfigError: a depth below 0, or a count below 1.
@@ -51,6 +56,7 @@ class JigsawParams:
     fallback: bool = True
     tail_tp: bool = True
     tp_search: bool = True
+    tail_logprobs: bool = False
 
     def __post_init__(self) -> None:
         if (self.depth < 0 or self.max_colocated < 1 or self.tail_batch < 1

@@ -60,7 +60,8 @@ class Placement:
         devs = sorted(d for g in groups[:want] for d in g)
         self.predictions.ensure(view, pv, step)
         b.claim_rollout(task_id(pv.name, step, Stage.ROLLOUT), pv.name, devs, tp, need)
-        return StartRollout(pv.name, step, tuple(devs), tp, share=1.0, kv_mem_bytes=kv_mem)
+        return StartRollout(pv.name, step, tuple(devs), tp, share=1.0, kv_mem_bytes=kv_mem,
+                            tail_logprobs=self.params.tail_logprobs and pv.spec.mode == "sync")
 
     def _free_groups(self, view: View, b: Board, tp: int, need: float) -> list[tuple[int, ...]]:
         """TP groups within one node whose devices have an engine slot and ``need`` bytes."""

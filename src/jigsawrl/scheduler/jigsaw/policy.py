@@ -64,13 +64,14 @@ class JigsawPolicy(PolicyBase):
                  max_colocated: int = 1, tail_requests: int = 128, tail_batch: int = 64,
                  history_window: int = 3, min_rollout_fraction: float = 0.5,
                  max_train_states: int = 1, plan_widths: bool = True, fallback: bool = True,
-                 tail_tp: bool = True, tp_search: bool = True, name: str = "jigsaw") -> None:
+                 tail_tp: bool = True, tp_search: bool = True, tail_logprobs: bool = False,
+                 name: str = "jigsaw") -> None:
         self.params = JigsawParams(
             depth=depth, migration=migration, dynamic_shares=dynamic_shares,
             max_colocated=max_colocated, tail_requests=tail_requests, tail_batch=tail_batch,
             history_window=history_window, min_rollout_fraction=min_rollout_fraction,
             max_train_states=max_train_states, plan_widths=plan_widths, fallback=fallback,
-            tail_tp=tail_tp, tp_search=tp_search)
+            tail_tp=tail_tp, tp_search=tp_search, tail_logprobs=tail_logprobs)
         self.name = name
         self.tp: TPChoice | None = None  # the rollout TPs searched at the first decision
         self._specs: dict[str, PipelineSpec] = {}  # pipeline -> its spec at those TPs

@@ -11,6 +11,7 @@ split what is left, equally or (two of them) at the levels maximising their urge
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from functools import lru_cache
 
 from jigsawrl.costmodel import SHARE_LEVELS, CostModelProtocol
@@ -78,7 +79,7 @@ def with_share(a: Action, want: Shares) -> Action:
     if isinstance(a, StartRollout):
         shares = want.get(task_id(a.pipeline, a.step, Stage.ROLLOUT), {})
         s = min((shares[d] for d in a.devices if d in shares), default=1.0)
-        return StartRollout(a.pipeline, a.step, a.devices, a.tp, s, a.kv_mem_bytes, a.dispatch)
+        return replace(a, share=s)
     if isinstance(a, StartStage) and a.stage in MODEL_PASSES:
         shares = want.get(task_id(a.pipeline, a.step, a.stage), {})
         s = min(shares.values(), default=1.0)
