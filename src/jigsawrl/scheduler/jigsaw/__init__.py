@@ -35,6 +35,13 @@ How it decides (every decision point; DESIGN.md §2):
    rollouts of a verl placement jigsaw falls back to (a verl slice keeps all its ranks, and no
    one else waits for them). Only where the executor can (``View.can_regroup``: the simulator
    on GPU-style pools; not the Ray CPU workers).
+   **In-tail log-probs** (``tail_logprobs``, off by default): a sync rollout's finished groups
+   get their old/reference log-probs on its drained devices that nothing else uses, while the
+   tail still runs (``sim/stream.py``'s tail mode; ``engine/tail_logprobs.py`` computes them
+   exactly on the engine); the post-rollout passes then cover only the rest. Jigsaw's own plan
+   only (not a verl placement it falls back to); the simulator only (the Ray executor runs the
+   rollout plain). Measured worth it where ranks drain and idle (at the configured TPs), not
+   where the TP search or migration already fills those devices (docs/BENCHMARKS.md).
 5. **Look-ahead.** Candidate actions — start a ready compute stage now (paired at the chosen
    split), defer it, or start another pipeline's stage first — are scored by forecasting the next
    ``depth`` events with the belief cost model (:mod:`.forecast`); ``depth=0`` is ``greedy``.
