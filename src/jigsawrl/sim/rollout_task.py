@@ -81,10 +81,8 @@ class RolloutRuntime(GatedRanksMixin, FirstBatchMixin, WorkerCallsMixin, Regroup
         """Start a rollout whose rank ``r`` runs ``chunks[r]`` on ``devices[r*tp:(r+1)*tp]``.
 
         ``first_b``: AReaL's first-B batches (:mod:`.batching`). ``stream_devices``: StreamRL's
-        streaming of finished groups into a trainer on those devices (:mod:`.stream`).
-        ``tail_logprobs``: the finished groups' log-probs on the rollout's drained devices
-        (:mod:`.stream`'s tail mode; ignored with ``stream_devices``).
-        """
+        streaming of finished groups into a trainer on those devices (:mod:`.stream`), or
+        with ``tail_logprobs`` their log-probs on the rollout's drained devices (tail mode)."""
         kv_tokens = self.cost.kv_budget_tokens(pipe.model, tp, kv_mem_bytes)
         task = RolloutTask(tid, pipe, step, [], first_b=first_b, kv_mem_bytes=kv_mem_bytes)
         for r, chunk in enumerate(chunks):
