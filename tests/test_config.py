@@ -247,3 +247,24 @@ def test_a_paper_matrix_file_loads_as_an_ordinary_config() -> None:
     with pytest.raises(ConfigError, match="bench"):
         load_config(data={"pipelines": [{"name": "a", "model": "qwen3-4b", "task": "gsm8k"}],
                           "bench": {}})
+
+
+def test_a_real_run_measures_each_task_prompt_length_for_the_priors() -> None:
+    """resolve_real fills ``prompt_tokens`` with the mean encoded length of the task's own
+    prompts (BOS included), as the engine will read them; a value the config sets is kept."""
+    from jigsawrl.engine.prompts import PROMPT_SAMPLE
+    from jigsawrl.engine.tokenizer import build_char_tokenizer
+    from jigsawrl.engine.trajectory import encode_prompt
+    from jigsawrl.experiments.resolve import resolve_real
+    from jigsawrl.tasks import build_task
+
+    c = load_config("configs/real/bench.yaml")
+    exp = resolve_real(c)
+    tok = build_char_tokenizer()
+    for p, spec in zip(exp.pipelines, c.pipelines, strict=True):
+        prompts = build_task(spec).make_dataset(PROMPT_SAMPLE, c.seed, "train")
+        want = round(sum(len(encode_prompt(tok, ex.prompt)) for ex in prompts) / len(prompts))
+        assert p.spec.prompt_tokens == want and 5 <= want <= 60
+        assert exp.config.pipelines[p.index].prompt_tokens == want
+    kept = resolve_real(load_config("configs/real/bench.yaml", ["pipelines.0.prompt_tokens=77"]))
+    assert kept.pipelines[0].spec.prompt_tokens == 77

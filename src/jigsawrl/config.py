@@ -222,6 +222,10 @@ class PipelineSpec(_Strict):
     group_size: int = Field(4, ge=1, le=MAX_GROUP, description="responses per prompt")
     max_response_tokens: int = Field(8192, ge=1, le=MAX_TOKENS,
                                      description="cap on generated tokens per response")
+    prompt_tokens: int | None = Field(
+        None, ge=1, le=MAX_TOKENS, description="mean prompt length, in tokens, that the "
+        "schedulers' priors assume for a task without a preset (a real task; default: measured "
+        "from the task's prompts when a real run resolves, else 128)")
     mode: Literal["sync", "async"] = Field(
         "sync", description="sync, or async: rollouts may lag the policy by max_staleness steps")
     max_staleness: int = Field(0, ge=0, le=1000,

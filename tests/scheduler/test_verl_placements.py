@@ -245,3 +245,25 @@ def test_list_schedulers_shows_the_new_placements() -> None:
     res = CliRunner().invoke(app, ["list", "schedulers"], terminal_width=200)
     assert res.exit_code == 0, res.output
     assert "verl-sized" in res.output and "verl-queue" in res.output
+
+
+def test_a_task_without_a_preset_is_assumed_its_measured_prompt_length() -> None:
+    """A real task has no preset: its prior's prompt is the config's ``prompt_tokens`` (what a
+    real run measures from the task's prompts), else the default; the response stays a quarter
+    of the cap."""
+    from types import SimpleNamespace
+
+    from jigsawrl.config import PipelineSpec
+    from jigsawrl.scheduler.verl_placements import DEFAULT_PROMPT_TOKENS, prior_requests
+
+    def prior(**extra: object) -> list:
+        spec = PipelineSpec(name="count", model="qwen2-1m", task="countdown", batch_size=2,
+                            group_size=2, max_response_tokens=32, **extra)
+        return prior_requests(SimpleNamespace(name="count", spec=spec))  # type: ignore[arg-type]
+
+    assert {r.prompt_tokens for r in prior()} == {DEFAULT_PROMPT_TOKENS}
+    measured = prior(prompt_tokens=13)
+    assert len(measured) == 4 and {r.prompt_tokens for r in measured} == {13}
+    assert {r.generated_tokens for r in measured} == {8}
+    with pytest.raises(ValueError):
+        PipelineSpec(name="count", model="qwen2-1m", prompt_tokens=0)

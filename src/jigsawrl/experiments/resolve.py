@@ -19,6 +19,7 @@ the budget — :data:`DEFAULT_MAX_REQUESTS`, sized for a laptop; the largest shi
 from __future__ import annotations
 
 import difflib
+import logging
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -37,6 +38,8 @@ from jigsawrl.workload.experiment import (
 from jigsawrl.workload.models import MODELS, ModelSpec
 from jigsawrl.workload.realpresets import REAL_ACCELERATORS, engine_model_spec
 from jigsawrl.workload.task_presets import TASKS, RequestSampler, TaskSpec, load_length_trace
+
+log = logging.getLogger(__name__)
 
 # Requests (prompts × responses × steps, all pipelines) a config may sample: 100x the largest
 # shipped config (configs/scale-64.yaml, configs/real/arithmetic.yaml: 20,480), about 1 GB of
@@ -263,6 +266,7 @@ def resolve_real(cfg: ExperimentConfig) -> Experiment:
     check_policy(cfg.scheduler.name)
     check_request_budget(cfg)
     pipes = []
+    specs: list[PipelineSpec] = []  # with the prompt lengths measured
     for i, p in enumerate(cfg.pipelines):
         where = f"pipelines.{i}"
         if p.task is not None:
@@ -275,9 +279,9 @@ def resolve_real(cfg: ExperimentConfig) -> Experiment:
             if own_model:  # the folder, its tokenizer against its config and the data too
                 from jigsawrl.engine.pipeline import check_pipeline
 
-                check_pipeline(p, where)
+                built = check_pipeline(p, where)
             else:
-                build_task(p, where)
+                built = build_task(p, where)
         except ConfigError as exc:
             if exc.where != f"{where}.task":
                 raise
@@ -290,8 +294,24 @@ def resolve_real(cfg: ExperimentConfig) -> Experiment:
         if p.length_trace:  # not replayed (real runs observe their lengths), but checked
             _load_trace(where, p.length_trace)
         _num_devices(cfg, i, p)
+        if p.prompt_tokens is None:
+            p = p.model_copy(update={"prompt_tokens": _prompt_tokens(p, built, cfg.seed)})
+        specs.append(p)
         task = stub_task(p)
         sampler = RequestSampler(task, group_size=p.group_size,
                                  max_response_tokens=p.max_response_tokens)
         pipes.append(ResolvedPipeline(i, p, engine_model_spec(p.model), task, sampler))
-    return Experiment(cfg, accel, tuple(pipes))
+    return Experiment(cfg.model_copy(update={"pipelines": specs}), accel, tuple(pipes))
+
+
+def _prompt_tokens(p: PipelineSpec, task: Any, seed: int) -> int | None:
+    """The mean prompt length of ``p``'s task (``engine.prompts.mean_prompt_tokens``), or None
+    (the schedulers' default prior) where it cannot be measured here, said in the log."""
+    try:
+        from jigsawrl.engine.prompts import mean_prompt_tokens
+
+        return mean_prompt_tokens(p, task, seed)
+    except Exception as exc:  # noqa: BLE001 - a prior, not a check: the run goes on
+        log.warning("pipeline %r: prompt length not measured (%s); the schedulers assume the "
+                    "default", p.name, exc)
+        return None

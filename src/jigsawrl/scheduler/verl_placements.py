@@ -45,6 +45,7 @@ import math
 from collections.abc import Sequence
 from statistics import NormalDist
 
+from jigsawrl.config import PipelineSpec
 from jigsawrl.costmodel import CostModelProtocol
 from jigsawrl.errors import ConfigError
 from jigsawrl.graph.build import post_rollout_stages
@@ -66,6 +67,8 @@ MICRO_BATCH_TOKENS = 16384
 # Queue widths tried when the pool is unknown (``variants()`` takes no view): every k from 2 up
 # to this; a k past the pool's or the pipelines' count fails fast at the first decision.
 MAX_QUEUE_K = 16
+# The prompt (tokens) of a task without a preset when nothing measured it.
+DEFAULT_PROMPT_TOKENS = 128
 
 
 def pipeline_resident_bytes(cost: CostModelProtocol, pv: PipelineView, n_devices: int) -> float:
@@ -135,14 +138,16 @@ def prior_requests(pv: PipelineView) -> list[RequestTruth]:
     Per-turn lengths are the preset's lognormal at evenly spaced quantiles (the per-sample and
     per-prompt spreads combined), each request with the expected number of turns, the median tool
     latency and the mean tool result; totals capped at ``max_response_tokens``. A task without a
-    preset (a real task) gets a quarter of the cap, single-turn, as ``jigsaw``'s prior does.
+    preset (a real task) gets a quarter of the cap, single-turn, as ``jigsaw``'s prior does,
+    after a prompt of :func:`prior_prompt_tokens`.
     """
     spec = pv.spec
     n = spec.batch_size * spec.group_size
     task = TASKS.get(spec.task)
     if task is None:
         turn = TurnTruth(max(1, spec.max_response_tokens // 4))
-        return [RequestTruth(f"{pv.name}/prior/{i}", 128, (turn,)) for i in range(n)]
+        prompt = prior_prompt_tokens(spec)
+        return [RequestTruth(f"{pv.name}/prior/{i}", prompt, (turn,)) for i in range(n)]
     sigma = math.hypot(task.response_sigma, task.prompt_difficulty_sigma)
     unit = NormalDist()
     out = []
@@ -151,6 +156,16 @@ def prior_requests(pv: PipelineView) -> list[RequestTruth]:
         out.append(RequestTruth(f"{pv.name}/prior/{i}", int(task.prompt_mean),
                                 _turns(task, length, spec.max_response_tokens)))
     return out
+
+
+def prior_prompt_tokens(spec: PipelineSpec) -> int:
+    """The prompt length a task without a preset is assumed to have: the config's
+    ``prompt_tokens``, or what a real run measured from the task's own prompts before its first
+    step (``experiments/resolve.py``), else :data:`DEFAULT_PROMPT_TOKENS`. Prompts are inputs,
+    known before anything is generated; a tiny model's step is mostly its prompts' passes, so a
+    wrong guess there (128 against the 10-18 tokens of the real bench's tasks) misjudges how a
+    job scales with devices."""
+    return spec.prompt_tokens or DEFAULT_PROMPT_TOKENS
 
 
 def _turns(task: TaskSpec, length: float, cap: int) -> tuple[TurnTruth, ...]:

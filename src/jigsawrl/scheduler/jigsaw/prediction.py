@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from jigsawrl.graph.build import post_rollout_stages, rank_segments, split_ranks
 from jigsawrl.graph.predict import HistoryPredictor
 from jigsawrl.scheduler.base import PipelineView, View
+from jigsawrl.scheduler.verl_placements import prior_prompt_tokens
 from jigsawrl.sim.rollout import RolloutInstance
 from jigsawrl.stages import Stage
 from jigsawrl.workload.task_presets import TASKS
@@ -71,7 +72,7 @@ class StepPredictions:
         n = len(view.devices)
         spec = pv.spec
         task = TASKS.get(spec.task)
-        prior_p = int(task.prompt_mean) if task else 128
+        prior_p = int(task.prompt_mean) if task else prior_prompt_tokens(spec)
         prior_r = int(task.response_median * (1.3 if task and task.multi_turn else 1.0)) \
             if task else spec.max_response_tokens // 4
         n_ranks = max(1, n // spec.rollout_tp)

@@ -41,7 +41,11 @@ from jigsawrl.scheduler.batch_replay import (
     rollout_s,
 )
 from jigsawrl.scheduler.jigsaw.regroup import regroup_replay, widest_tp
-from jigsawrl.scheduler.verl_placements import pipeline_resident_bytes, prior_requests
+from jigsawrl.scheduler.verl_placements import (
+    pipeline_resident_bytes,
+    prior_prompt_tokens,
+    prior_requests,
+)
 from jigsawrl.stages import MODEL_PASSES, Stage
 from jigsawrl.workload.requests import RequestTruth, TurnTruth
 from jigsawrl.workload.task_presets import TASKS
@@ -101,7 +105,8 @@ class WidthTimer:
         else:
             n = spec.batch_size * spec.group_size
             prompt, lengths = self._predictor.predict_lengths(
-                n, pv.history, 128, spec.max_response_tokens // 4, spec.max_response_tokens, 1)
+                n, pv.history, prior_prompt_tokens(spec), spec.max_response_tokens // 4,
+                spec.max_response_tokens, 1)
             # The lengths come longest first and as_turns keeps their order (its generated
             # tokens grow with the total), so these requests are already longest first.
             reqs = [RequestTruth(f"{pv.name}/{src}/pred/{i}", prompt, self._turns_of(pv, total))
