@@ -28,6 +28,7 @@ from jigsawrl.experiments.calibrate import (
     tool_result_tokens,
     truth_cost,
 )
+from jigsawrl.experiments.real import real_belief
 from jigsawrl.workload.experiment import Experiment, ResolvedPipeline
 from jigsawrl.workload.models import ModelSpec
 from jigsawrl.workload.realpresets import CPU_ACCELERATOR
@@ -279,3 +280,23 @@ def test_a_padding_trainer_costs_its_padded_rows() -> None:
     base, more = compute_s(plain), compute_s(padded)
     for stage in ("old_logprob", "actor_update"):
         assert more[stage] > base[stage], stage
+
+
+def test_a_run_is_predicted_with_the_belief_its_policy_had(tmp_path: Path) -> None:
+    """A real run's policy believes the profile it was given (``run_real``'s ``profile``; the
+    summary's ``belief_profile``): the prediction gives the replayed policy that belief too, so
+    a 'real' run simulated with the profile as truth and belief is predicted exactly, and the
+    preset belief would not reproduce it."""
+    cfg = config("greedy")
+    exp = experiment(cfg)
+    prof = write_profile(tmp_path / "p.yaml", peak_flops=1e8)  # far slower than the preset
+    belief = real_belief(exp, prof)
+    assert belief.accel.peak_flops == 1e8 and real_belief(exp).accel.peak_flops != 1e8
+    replay = replay_experiment(exp, truth_workload())
+    measured, events = simulate_replay(replay, "greedy", truth_cost(exp, prof), belief=belief)
+    measured["belief_profile"] = str(prof)
+    cal = calibrate(cfg, events, "greedy", profile=prof, exp=exp, tool_tokens=TOOL_TOKENS,
+                    measured=measured)
+    assert cal.max_abs_rel_error == pytest.approx(0.0, abs=1e-9)
+    preset, _ = simulate_replay(replay, "greedy", truth_cost(exp, prof))
+    assert preset["makespan_s"] != pytest.approx(measured["makespan_s"], rel=1e-6)

@@ -430,7 +430,7 @@ def _run_label(spec: BenchRealSpec, cfg: ExperimentConfig, label: str, profile: 
     load_before = _load()
     try:
         summary, events = run_real(run_cfg, policy=name, out_dir=out, cache_dir=spec.cache_dir,
-                                   threads_per_device=spec.threads_per_device)
+                                   threads_per_device=spec.threads_per_device, profile=profile)
     except Exception as exc:  # noqa: BLE001 - one failed policy must not lose the others
         # The reason is reported (skipped or a note); the traceback only with --verbose.
         log.warning("real run under %s (repeat %d) failed: %s: %s", label, repeat,

@@ -40,10 +40,13 @@ def ray_run_command(config: Path, overrides: list[str], out: Path | None,
                     profile: Path | None = None) -> None:
     """``jigsawrl run --ray``: all pipelines together through the Ray executor, with a progress
     bar, then measured beside predicted (calibrate.py), the timeline and the reward curves."""
+    from jigsawrl.bench.real import DEFAULT_PROFILE
     from jigsawrl.config import load_config
 
     console = Console()
     cfg = load_config(config, overrides)
+    if profile is None and DEFAULT_PROFILE.is_file():
+        profile = DEFAULT_PROFILE
     if profile is not None:
         from jigsawrl.costmodel.profile import load_profile
 
@@ -57,7 +60,7 @@ def ray_run_command(config: Path, overrides: list[str], out: Path | None,
         bar = progress.add_task(f"{len(cfg.pipelines)} pipelines on Ray under "
                                 f"{cfg.scheduler.name} (start-up, then steps)", total=total)
         summary, events = run_real(
-            cfg, address=address, out_dir=out, resume=resume,
+            cfg, address=address, out_dir=out, resume=resume, profile=profile,
             on_progress=lambda done, n: progress.update(bar, completed=done, total=n))
     cal = _predict(cfg, events, summary, profile, out)
     _print_ray_result(console, summary, cal, out)
@@ -319,8 +322,8 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
             address: Annotated[str | None, typer.Option(
                 help="with --ray: a running Ray cluster (default: start a local one)")] = None,
             profile: Annotated[Path | None, typer.Option(
-                help="with --ray: machine profile for the prediction (default: "
-                "profiles/cpu.yaml if present)")] = None,
+                help="with --ray: machine profile, the scheduler's cost model and the "
+                "prediction's (default: profiles/cpu.yaml if present)")] = None,
             ) -> None:
         """Run the pipelines of CONFIG for real: one after another on this CPU, or (``--ray``)
         multiplexed on a pool of Ray workers by the same scheduler as the simulator."""
@@ -377,8 +380,8 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
                  "queue width, verl-queue-K one; the verl row is the best placement that "
                  "ran")] = "verl-serial,verl-split,verl-sized,verl-queue,greedy,jigsaw",
              profile: Annotated[Path | None, typer.Option(
-                 help="machine profile for the predictions (default: profiles/cpu.yaml if "
-                 "present, else the built-in preset)")] = None,
+                 help="machine profile: the schedulers' cost model and the predictions' "
+                 "(default: profiles/cpu.yaml if present, else the built-in preset)")] = None,
              set_: Annotated[list[str] | None, typer.Option(
                  "--set", help="override, e.g. pipelines.0.steps=5")] = None,
              out: Annotated[Path | None, typer.Option(

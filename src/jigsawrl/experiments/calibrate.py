@@ -325,16 +325,7 @@ def truth_cost(exp: Experiment, profile: str | Path | None, *,
     """The simulator's truth for a real run: the profile's cost model (noise off), or the
     built-in ``cpu-worker`` preset when ``profile`` is None; ``speed_factor``: the profiled
     machine that many times slower (:func:`jigsawrl.costmodel.speed.slower`)."""
-    if profile is None:
-        return real_belief(exp)
-    per_node = exp.config.cluster.accelerators_per_node
-    from jigsawrl.costmodel.profile import load_profile
-    from jigsawrl.costmodel.speed import slower
-
-    accel, params = load_profile(profile)
-    if speed_factor != 1.0:
-        accel, params = slower(accel, params, speed_factor)
-    return CostModel(accel, params=dataclasses.replace(params, devices_per_node=per_node))
+    return real_belief(exp, profile, speed_factor=speed_factor)
 
 
 def speed_factor(profile: str | Path | None, measured: Mapping[str, Any]) -> float | None:
@@ -350,9 +341,10 @@ def speed_factor(profile: str | Path | None, measured: Mapping[str, Any]) -> flo
 
 
 def simulate_replay(exp: Experiment, policy: str, truth: CostModel, *,
-                    params: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], list[Event]]:
+                    params: Mapping[str, Any] | None = None,
+                    belief: CostModel | None = None) -> tuple[dict[str, Any], list[Event]]:
     """Simulate a replayed experiment under ``policy`` with ``truth``; the policy's belief is
-    the built-in preset's cost model, as in ``run_real``.
+    ``belief`` — the one its real run had (``run_real``'s profile) — or the built-in preset's.
 
     Raises:
         ConfigError: an unknown policy, or one that cannot place this experiment.
@@ -360,7 +352,7 @@ def simulate_replay(exp: Experiment, policy: str, truth: CostModel, *,
     cfg = exp.config
     pol = make_policy(cfg, policy, params)
     executor = SimulatedExecutor(exp, truth_cost=truth, seed=cfg.seed)
-    result = drive(exp, pol, executor, real_belief(exp))
+    result = drive(exp, pol, executor, belief or real_belief(exp))
     info = run_info(exp, policy, name=f"{cfg.name or 'real-run'} (predicted)",
                     accelerator=truth.accel.name, peak_flops=truth.accel.peak_flops)
     return summarize(result.events, info), result.events
@@ -458,15 +450,17 @@ def calibrate(cfg: ExperimentConfig, events: Sequence[Event], policy: str, *,
     replay = replay_experiment(exp, observed_requests(events, cfg, tool_tokens=tool_tokens),
                                finished_steps(events) or None, notes)
     truth = truth_cost(exp, profile)
-    sim_summary, sim_events = simulate_replay(replay, policy, truth)
+    # the belief the real run's policy had (its summary names the profile; None: the preset)
+    belief = real_belief(exp, measured.get("belief_profile"))
+    sim_summary, sim_events = simulate_replay(replay, policy, truth, belief=belief)
     pool, pipes = compare_summaries(measured, sim_summary)
     cal = Calibration(policy, truth.accel.source, pool, pipes, sim_summary, sim_events, notes,
                       compare_stages(events, sim_events), replay_bound(replay, truth, notes))
     factor = speed_factor(profile, measured)
     if factor is not None:
         cal.speed_factor = factor
-        adj_summary, adj_events = simulate_replay(replay, policy,
-                                                  truth_cost(exp, profile, speed_factor=factor))
+        adj_summary, adj_events = simulate_replay(
+            replay, policy, truth_cost(exp, profile, speed_factor=factor), belief=belief)
         adj_pool, adj_pipes = compare_summaries(measured, adj_summary)
         cal.speed_adjusted = {
             "pool": {k: c.to_json() for k, c in adj_pool.items()},

@@ -21,6 +21,7 @@ sampler is never sampled, because true lengths come from the engine.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -44,11 +45,32 @@ log = logging.getLogger(__name__)
 RewardFn = Callable[[str, Any], float]
 
 
-def real_belief(exp: Experiment) -> CostModel:
-    """The policies' belief of a real run: the built-in ``cpu-worker`` preset's cost model (a
-    profile is the simulator's truth when it predicts the run, never the policy's belief)."""
-    return CostModel(exp.accelerator,
-                     params=cpu_worker_params(exp.config.cluster.accelerators_per_node))
+def real_belief(exp: Experiment, profile: str | Path | None = None, *,
+                speed_factor: float = 1.0) -> CostModel:
+    """The cost model of a real pool: a ``jigsawrl profile`` of this machine (noise off), or the
+    built-in, unmeasured ``cpu-worker`` preset when ``profile`` is None; ``speed_factor``: the
+    profiled machine that many times slower (:func:`jigsawrl.costmodel.speed.slower`).
+
+    The policies of a real run believe it (``run_real``'s ``profile``), as a simulated run's
+    policies believe the simulator's cost model without its noise: a profile is measured before
+    the run, what a user would hand the scheduler. The preset was ~3× off this machine's stage
+    times and made jigsaw's first decision pick its own plan on the real bench where the queue of
+    single-device jobs was faster (docs/BENCHMARKS.md, 2026-12-04). The simulator's prediction of
+    the run takes the profile as its truth (``experiments/calibrate.py``).
+
+    Raises:
+        InputError: an unreadable profile.
+    """
+    per_node = exp.config.cluster.accelerators_per_node
+    if profile is None:
+        return CostModel(exp.accelerator, params=cpu_worker_params(per_node))
+    from jigsawrl.costmodel.profile import load_profile
+    from jigsawrl.costmodel.speed import slower
+
+    accel, params = load_profile(profile)
+    if speed_factor != 1.0:
+        accel, params = slower(accel, params, speed_factor)
+    return CostModel(accel, params=dataclasses.replace(params, devices_per_node=per_node))
 
 
 def checkpoint_offsets(cfg: ExperimentConfig, out_dir: Path | None) -> dict[str, int]:
@@ -132,6 +154,7 @@ def run_real(cfg: ExperimentConfig, *, policy: str | None = None, address: str |
              strict_rewards: bool = False, resume: bool = False,
              on_progress: Callable[[int, int], None] | None = None,
              executor_hook: Callable[[Any], None] | None = None,
+             profile: str | Path | None = None,
              ) -> tuple[dict[str, Any], list[Event]]:
     """Run ``cfg``'s real pipelines together under one policy on Ray.
 
@@ -153,6 +176,9 @@ def run_real(cfg: ExperimentConfig, *, policy: str | None = None, address: str |
         resume: continue every pipeline from its latest checkpoint under ``out_dir``.
         on_progress: called with ``(steps done, steps total)`` after every finished step.
         executor_hook: test hook, called with the started executor's instance (fault drills).
+        profile: a ``jigsawrl profile`` of this machine: the policy's belief cost model
+            (:func:`real_belief`; None: the built-in preset). The summary's ``belief_profile``
+            names it, so that the run's prediction gives its policy the same belief.
 
     Returns:
         ``(summary, events)``; the summary adds ``startup_s`` (Ray + workers + warm starts, not
@@ -207,7 +233,7 @@ def run_real(cfg: ExperimentConfig, *, policy: str | None = None, address: str |
             on_progress(done, total)
 
     try:
-        result = drive(exp, pol, executor, real_belief(exp), progress=progress)
+        result = drive(exp, pol, executor, real_belief(exp, profile), progress=progress)
         feed.feed(executor.synced_metrics)
         log_step_timings(tracking, result.events, offsets)
     finally:
@@ -222,6 +248,7 @@ def run_real(cfg: ExperimentConfig, *, policy: str | None = None, address: str |
     summary["replaced_devices"] = executor.replaced_devices
     summary["recovered"] = dict(executor.recovered)
     summary["threads_per_device"] = threads_per_device
+    summary["belief_profile"] = None if profile is None else str(profile)
     summary["speed_probes_s"] = executor.speed_probes_s
     summary["pass_breakdown"] = executor.pass_breakdown
     if report := pol.report():
