@@ -99,6 +99,11 @@ def test_two_real_pipelines_finish(shared_ray: Any, cache: Path, policy: str,
     metrics = summary["pipeline_metrics"]["arithmetic"]
     assert [m["step"] for m in metrics] == list(range(STEPS))
     assert all("critic/score/mean" in m and "actor/pg_loss" in m for m in metrics)
+    # where the passes' wall time went: the step's batch is built once, on its first pass
+    passes = summary["pass_breakdown"]["arithmetic"]
+    assert passes[Stage.OLD_LOGPROB]["build_s"] > 0
+    for row in passes.values():
+        assert 0 <= row["build_s"] + row["onload_s"] + row["pass_s"] <= row["wall_s"] + 1e-6
     # the checkpoint of the last step is written by the weight sync
     assert (tmp_path / "run" / "checkpoints" / "arithmetic" / "latest").is_file()
     if policy == "jigsaw":  # jigsaw keeps train states in host memory between updates

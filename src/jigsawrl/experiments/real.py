@@ -188,7 +188,8 @@ def run_real(cfg: ExperimentConfig, *, policy: str | None = None, address: str |
         workers resumed from checkpoints / regenerated, and the sampled tokens kept) and
         ``speed_probes_s`` (each device worker's speed probe before the clock:
         ``engine/speedprobe.py``) and ``pass_breakdown`` (per pipeline and model pass, the
-        calls' wall, CPU, garbage-collection and pass seconds: ``raycluster/callclock.py``).
+        calls' wall, CPU, garbage-collection, pass, onload and batch-build seconds:
+        ``raycluster/callclock.py``).
 
     Raises:
         ConfigError: see :func:`resolve_real`; also ``verl`` (auto), which needs two runs, and

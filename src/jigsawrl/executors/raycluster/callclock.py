@@ -41,6 +41,11 @@ class CallClock:
     cpu_s: float = 0.0
     gc_s: float = 0.0
     pass_s: float = 0.0
+    # the call's own work outside the pass, timed by the caller: a train state onloaded for
+    # it, and the step's batch built from the trajectories on its first pass (the simulator
+    # charges the first, not the second: docs/BENCHMARKS.md, "The real pool")
+    onload_s: float = 0.0
+    build_s: float = 0.0
     _t: tuple[float, float] = (0.0, 0.0)
 
     def start(self) -> CallClock:
@@ -54,9 +59,9 @@ class CallClock:
         self.gc_s = _gc_state["total_s"] - gcs
         return self
 
-    def as_tuple(self) -> tuple[float, float, float]:
-        """``(cpu_s, gc_s, pass_s)``."""
-        return self.cpu_s, self.gc_s, self.pass_s
+    def as_tuple(self) -> tuple[float, ...]:
+        """``(cpu_s, gc_s, pass_s, onload_s, build_s)``."""
+        return self.cpu_s, self.gc_s, self.pass_s, self.onload_s, self.build_s
 
 
 class Clocks:
@@ -67,19 +72,25 @@ class Clocks:
         self._sums: dict[tuple[str, str], list[float]] = {}
 
     def add(self, pipeline: str, stage: str, wall_s: float,
-            reading: tuple[float, float, float]) -> None:
-        """One call: its wall seconds and its :meth:`CallClock.as_tuple`."""
-        sums = self._sums.setdefault((pipeline, stage), [0.0, 0.0, 0.0, 0.0, 0.0])
-        for i, v in enumerate((wall_s, *reading)):
+            reading: tuple[float, ...]) -> None:
+        """One call: its wall seconds and its :meth:`CallClock.as_tuple` (a shorter, older
+        reading counts its missing fields as 0)."""
+        sums = self._sums.setdefault((pipeline, stage), [0.0] * (len(FIELDS) + 1))
+        for i, v in enumerate((wall_s, *reading[:len(FIELDS) - 1])):
             sums[i] += v
-        sums[4] += 1
+        sums[-1] += 1
 
     def to_json(self) -> dict[str, dict[str, dict[str, float]]]:
-        """``{pipeline: {stage: {calls, wall_s, cpu_s, gc_s, pass_s, cpu_fraction}}}`` (sums;
-        ``cpu_fraction``: CPU over wall time, < 1 where the process waited)."""
+        """``{pipeline: {stage: {calls, wall_s, cpu_s, gc_s, pass_s, onload_s, build_s,
+        cpu_fraction}}}`` (sums; ``cpu_fraction``: CPU over wall time, < 1 where the process
+        waited)."""
         out: dict[str, dict[str, dict[str, float]]] = {}
-        for (pipeline, stage), (wall, cpu, gcs, pas, n) in sorted(self._sums.items()):
-            out.setdefault(pipeline, {})[stage] = {
-                "calls": n, "wall_s": wall, "cpu_s": cpu, "gc_s": gcs, "pass_s": pas,
-                "cpu_fraction": cpu / wall if wall > 0 else 0.0}
+        for (pipeline, stage), sums in sorted(self._sums.items()):
+            row = {"calls": sums[-1], **dict(zip(FIELDS, sums, strict=False))}
+            row["cpu_fraction"] = row["cpu_s"] / row["wall_s"] if row["wall_s"] > 0 else 0.0
+            out.setdefault(pipeline, {})[stage] = row
         return out
+
+
+# what Clocks sums per call, in order: the wall, then CallClock.as_tuple's fields
+FIELDS = ("wall_s", "cpu_s", "gc_s", "pass_s", "onload_s", "build_s")

@@ -136,9 +136,9 @@ class StageResult(Timed):
     threads: int
     metrics: dict[str, float] = field(default_factory=dict)
     helpers: tuple[Timed, ...] = ()
-    # where the call's wall time went (callclock.py): process CPU, garbage collection and the
-    # model pass itself, in seconds
-    clock: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    # where the call's wall time went (callclock.py): process CPU, garbage collection, the
+    # model pass itself, an onload for it and the step's batch build, in seconds
+    clock: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0, 0.0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -132,10 +132,14 @@ class TrainHost:
         clock = CallClock().start()
         name = req.pipeline
         if state is not None:
+            t_onload = time.perf_counter()
             self.onload(name, state)
+            clock.onload_s = time.perf_counter() - t_onload
         timings: tuple[Timed, ...] = ()
         with self.local.locks[name]:
+            t_build = time.perf_counter()
             data = self.step_data(name, req.step, trajectories, rewards)
+            clock.build_s = time.perf_counter() - t_build
             pipe = self.local.pipes[name]
             tokens = int(data.batch.attention_mask.sum())
             t_pass = time.perf_counter()
