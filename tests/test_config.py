@@ -252,7 +252,7 @@ def test_a_paper_matrix_file_loads_as_an_ordinary_config() -> None:
 def test_a_real_run_measures_each_task_prompt_length_for_the_priors() -> None:
     """resolve_real fills ``prompt_tokens`` with the mean encoded length of the task's own
     prompts (BOS included), as the engine will read them; a value the config sets is kept."""
-    from jigsawrl.engine.prompts import PROMPT_SAMPLE
+    from jigsawrl.engine.pipeline import PROMPT_SAMPLE
     from jigsawrl.engine.tokenizer import build_char_tokenizer
     from jigsawrl.engine.trajectory import encode_prompt
     from jigsawrl.experiments.resolve import resolve_real

@@ -71,11 +71,8 @@ def _predict(cfg: Any, events: list[Any], summary: dict[str, Any], profile: Path
     """The simulator's prediction of the finished run (None, logged, when it cannot be made)."""
     import logging
 
-    from jigsawrl.bench.real import DEFAULT_PROFILE
     from jigsawrl.experiments.calibrate import calibrate
 
-    if profile is None and DEFAULT_PROFILE.is_file():
-        profile = DEFAULT_PROFILE
     try:
         cal = calibrate(cfg, events, summary["policy"], profile=profile, measured=summary)
     except JigsawError as exc:

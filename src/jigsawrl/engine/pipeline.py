@@ -126,27 +126,58 @@ def check_pipeline(spec: PipelineSpec, where: str | None = None) -> Any:
         InputError: a missing or bad data file (file, line, field), a model folder that is
             broken or whose tokenizer does not fit its vocab_size, a prompt that does not fit.
     """
-    from jigsawrl.engine.models import ENGINE_MODELS, inspect_local_model
-    from jigsawrl.engine.tokenizer import build_char_tokenizer
-    from jigsawrl.errors import ConfigError
     from jigsawrl.tasks import build_task
 
     where = where or f"pipelines[{spec.name}]"
-    if spec.model in ENGINE_MODELS:
-        tokenizer = build_char_tokenizer()
-        positions = ENGINE_MODELS[spec.model].max_position_embeddings
-    elif Path(spec.model).is_dir():
-        tokenizer, config = inspect_local_model(spec.model)
-        positions = int(getattr(config, "max_position_embeddings", 0) or 2048)
-    else:
-        raise ConfigError(f"unknown engine model {spec.model!r}", where=f"{where}.model",
-                          fix=f"use a preset ({', '.join(ENGINE_MODELS)}) or a local model "
-                              "folder (config.json, *.safetensors, tokenizer files)")
+    tokenizer, positions = pipeline_tokenizer(spec, where)
     task = build_task(spec, where)
     check_data(task, tokenizer, own_model=is_own_model(spec.model), max_positions=positions,
                max_batch_tokens=spec.rollout.max_batch_tokens,
                unknown_chars=spec.data.unknown_chars if spec.data else "unk", where=where)
     return task
+
+
+def pipeline_tokenizer(spec: PipelineSpec, where: str | None = None) -> tuple[Any, int]:
+    """The tokenizer of ``spec``'s model and its position limit, without building the model:
+    the presets' character tokenizer, or a local folder's own.
+
+    Raises:
+        ConfigError: neither a preset nor a model folder.
+        InputError: a model folder that is broken.
+    """
+    from jigsawrl.engine.models import ENGINE_MODELS, inspect_local_model
+    from jigsawrl.engine.tokenizer import build_char_tokenizer
+    from jigsawrl.errors import ConfigError
+
+    where = where or f"pipelines[{spec.name}]"
+    if spec.model in ENGINE_MODELS:
+        return build_char_tokenizer(), ENGINE_MODELS[spec.model].max_position_embeddings
+    if Path(spec.model).is_dir():
+        tokenizer, config = inspect_local_model(spec.model)
+        return tokenizer, int(getattr(config, "max_position_embeddings", 0) or 2048)
+    raise ConfigError(f"unknown engine model {spec.model!r}", where=f"{where}.model",
+                      fix=f"use a preset ({', '.join(ENGINE_MODELS)}) or a local model "
+                          "folder (config.json, *.safetensors, tokenizer files)")
+
+
+PROMPT_SAMPLE = 64  # prompts of the training split measured for the schedulers' prior
+
+
+def mean_prompt_tokens(spec: PipelineSpec, task: Any, seed: int) -> int:
+    """Mean prompt length, in the pipeline's own tokens, of the first ``PROMPT_SAMPLE`` prompts
+    of ``task``'s training split, rendered and encoded as the engine will (BOS included).
+
+    Why: a real task has no preset, and the schedulers' prior of one step (``scheduler/
+    verl_placements.prior_prompt_tokens``) needs its prompt length before the first step; the
+    prompts are inputs, known before anything is generated. Measured when a real run resolves
+    (``experiments/resolve.resolve_real``).
+    """
+    tokenizer, _ = pipeline_tokenizer(spec)
+    examples = render_examples(tokenizer, task.make_dataset(PROMPT_SAMPLE, seed, "train"))
+    if not examples:
+        raise ValueError(f"task of pipeline {spec.name!r} made no prompts")
+    total = sum(len(encode_prompt(tokenizer, ex.prompt)) for ex in examples)
+    return max(1, round(total / len(examples)))
 
 
 class RealPipeline:

@@ -126,26 +126,3 @@ def check_data(task: Any, tokenizer: Any, *, own_model: bool, max_positions: int
                              fix="shorten the prompt, raise rollout.max_batch_tokens, or use a "
                                  "model with more positions")
 
-
-PROMPT_SAMPLE = 64  # prompts of the training split measured for the schedulers' prior
-
-
-def mean_prompt_tokens(spec: Any, task: Any, seed: int) -> int:
-    """Mean prompt length, in the pipeline's own tokens, of the first ``PROMPT_SAMPLE`` prompts
-    of ``task``'s training split, rendered and encoded as the engine will (BOS included).
-
-    Why: a real task has no preset, and the schedulers' prior of one step (``scheduler/
-    verl_placements.prior_prompt_tokens``) needs its prompt length before the first step; the
-    prompts are inputs, known before anything is generated. Measured when a real run resolves
-    (``experiments/resolve.resolve_real``).
-    """
-    from jigsawrl.engine.models import ENGINE_MODELS, inspect_local_model
-    from jigsawrl.engine.tokenizer import build_char_tokenizer
-
-    tokenizer = (build_char_tokenizer() if spec.model in ENGINE_MODELS
-                 else inspect_local_model(spec.model)[0])
-    examples = render_examples(tokenizer, task.make_dataset(PROMPT_SAMPLE, seed, "train"))
-    if not examples:
-        raise ValueError(f"task of pipeline {spec.name!r} made no prompts")
-    total = sum(len(encode_prompt(tokenizer, ex.prompt)) for ex in examples)
-    return max(1, round(total / len(examples)))

@@ -308,7 +308,7 @@ def _prompt_tokens(p: PipelineSpec, task: Any, seed: int) -> int | None:
     """The mean prompt length of ``p``'s task (``engine.prompts.mean_prompt_tokens``), or None
     (the schedulers' default prior) where it cannot be measured here, said in the log."""
     try:
-        from jigsawrl.engine.prompts import mean_prompt_tokens
+        from jigsawrl.engine.pipeline import mean_prompt_tokens
 
         return mean_prompt_tokens(p, task, seed)
     except Exception as exc:  # noqa: BLE001 - a prior, not a check: the run goes on

@@ -64,6 +64,10 @@ class CallClock:
         return self.cpu_s, self.gc_s, self.pass_s, self.onload_s, self.build_s
 
 
+# what Clocks sums per call, in order: the wall, then CallClock.as_tuple's fields
+FIELDS = ("wall_s", "cpu_s", "gc_s", "pass_s", "onload_s", "build_s")
+
+
 class Clocks:
     """Per pipeline and stage, the sums of its calls' :class:`CallClock` readings (the
     executor's, for the run's summary: ``pass_breakdown``)."""
@@ -91,6 +95,3 @@ class Clocks:
             out.setdefault(pipeline, {})[stage] = row
         return out
 
-
-# what Clocks sums per call, in order: the wall, then CallClock.as_tuple's fields
-FIELDS = ("wall_s", "cpu_s", "gc_s", "pass_s", "onload_s", "build_s")
