@@ -305,7 +305,7 @@ def resolve_real(cfg: ExperimentConfig) -> Experiment:
 
 
 def _prompt_tokens(p: PipelineSpec, task: Any, seed: int) -> int | None:
-    """The mean prompt length of ``p``'s task (``engine.prompts.mean_prompt_tokens``), or None
+    """The mean prompt length of ``p``'s task (``engine.pipeline.mean_prompt_tokens``), or None
     (the schedulers' default prior) where it cannot be measured here, said in the log."""
     try:
         from jigsawrl.engine.pipeline import mean_prompt_tokens
