@@ -19,6 +19,7 @@ from jigsawrl.engine.models import (  # noqa: E402
     build_model,
     check_tokenizer_matches,
     count_params,
+    empty_model,
     kv_call,
     load_local_model,
     save_model,
@@ -80,6 +81,23 @@ def test_save_and_load_round_trip(small, saved) -> None:
         assert torch.equal(model(ids).logits, small[0](ids).logits)
     assert tok.encode("abc") == small[1].encode("abc")
     assert not model.training
+
+
+@pytest.mark.parametrize("name", sorted(ENGINE_MODELS))
+def test_an_empty_model_filled_with_a_state_dict_is_the_model(name) -> None:
+    """What an onload builds: the same parameters (tied embeddings one tensor, so an optimizer
+    state fits), buffers and outputs as the model whose state dict fills it."""
+    model, tok = build_model(name, seed=3)
+    empty = empty_model(model.config)
+    assert empty.get_input_embeddings().weight is empty.get_output_embeddings().weight
+    assert [n for n, _ in empty.named_parameters()] == [n for n, _ in model.named_parameters()]
+    empty.load_state_dict(model.state_dict())
+    for (n, a), (_, b) in zip(empty.named_buffers(), model.named_buffers(), strict=True):
+        assert torch.equal(a, b), n
+    ids = torch.tensor([tok.encode("an onload")])
+    with torch.no_grad():
+        assert torch.equal(empty(ids).logits, model(ids).logits)
+    assert not empty.training and next(empty.parameters()).dtype == torch.float32
 
 
 def test_kv_call_matches_a_full_forward(small) -> None:

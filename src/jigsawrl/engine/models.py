@@ -104,6 +104,31 @@ def build_model(
     return model, tokenizer
 
 
+def empty_model(config: PretrainedConfig, device: torch.device | None = None) -> PreTrainedModel:
+    """The architecture of ``config`` (fp32, eval mode) with its weights left uninitialised,
+    for a state dict to fill: what an onload of a train state builds (``RealPipeline.
+    import_train_state``). Skipping the random init that the state dict overwrites makes the
+    build and load 3x cheaper (qwen2-1m at one thread: 26 ms built with init, 9 ms without and
+    loaded, measured); buffers computed at construction (the rotary frequencies) are built as
+    usual. A local model's config gives its architecture without reading its weights again.
+    """
+    with _no_init_weights():
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.tie_weights()  # the context skips tying too: one tensor for tied embeddings again
+    model.eval()
+    return model if device is None else model.to(device)
+
+
+def _no_init_weights() -> Any:
+    """transformers' context that skips weight initialisation (moved from ``modeling_utils``
+    to ``initialization`` in 5.x)."""
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:  # pragma: no cover - older transformers
+        from transformers.modeling_utils import no_init_weights  # type: ignore[no-redef]
+    return no_init_weights()
+
+
 def count_params(model: torch.nn.Module) -> int:
     """Parameters counted once each (tied embeddings are one tensor)."""
     return sum(p.numel() for p in model.parameters())

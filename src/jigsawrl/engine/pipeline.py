@@ -298,8 +298,12 @@ class RealPipeline:
         return state
 
     def import_train_state(self, state: dict[str, Any]) -> None:
-        """Rebuild the actor, optimizer and reference here from :meth:`export_train_state`."""
-        model, _ = build_model_and_tokenizer(self.spec.model, self.seed, device=self.device)
+        """Rebuild the actor, optimizer and reference here from :meth:`export_train_state`
+        (the actor's architecture from the rollout engine's config, uninitialised, then filled:
+        :func:`~jigsawrl.engine.models.empty_model`)."""
+        from jigsawrl.engine.models import empty_model
+
+        model = empty_model(self.engine.model.config, self.device)
         model.load_state_dict(state["model"])
         self.model = model
         self._make_trainer(model)

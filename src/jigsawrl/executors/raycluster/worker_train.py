@@ -210,9 +210,9 @@ def save_host_state(pipe: Any, state: TrainState, root: Path, step: int,
     import torch
 
     from jigsawrl.engine.checkpoint import save_checkpoint
-    from jigsawrl.engine.pipeline import build_model_and_tokenizer
+    from jigsawrl.engine.models import empty_model
 
-    model, _ = build_model_and_tokenizer(pipe.spec.model, pipe.seed)
+    model = empty_model(pipe.engine.model.config)
     model.load_state_dict(state.train["model"])
     opt = torch.optim.AdamW(model.parameters(), lr=pipe.spec.train.lr)
     opt.load_state_dict(state.train["optimizer"])
