@@ -142,7 +142,8 @@ class CostParams:
     # optimizer and reference from host tensors) and off it (offload: copying them out), beside
     # the bytes' transfer. 0 = not modelled (the GPU presets); `jigsawrl profile` measures both
     # on the profiled model, through the engine's own export/import (a 1M-parameter state took
-    # ~40 ms to onload on this CPU, where its 16 MB cost ~3 ms by bandwidth alone). Nonzero also
+    # ~40 ms to onload on this CPU, 6 ms once the onload skipped the random init, where its
+    # 16 MB cost ~3 ms by bandwidth alone). Nonzero also
     # makes the simulator move train states where the Ray executor does (sim/residency.py).
     state_onload_s: float = 0.0
     state_offload_s: float = 0.0

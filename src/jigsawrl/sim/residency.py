@@ -5,7 +5,7 @@ memory, and the executor moves it where a stage needs it (``executors/raycluster
 a model pass on devices that do not hold it first moves it there (an offload from its old device,
 then an onload), and the scheduler's own ``onload`` / ``offload`` are moves too. Each move builds
 or copies out the actor and its optimizer, ~40 ms for a 1M-parameter state on this CPU where its
-bytes alone cost ~3 ms — so a simulator that charged bytes only, and no move at a pipeline's
+bytes alone cost ~3 ms (6 ms since the onload skips the random init, 2026-12-05) — so a simulator that charged bytes only, and no move at a pipeline's
 first pass, predicted every real run's first step ~45 ms short (and a ``jigsaw`` step, which
 onloads and offloads every step, more). :class:`WorkerResidency` keeps the same places by the
 same rules and prices each move with the profile's ``state_onload_s`` / ``state_offload_s``
