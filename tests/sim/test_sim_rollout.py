@@ -86,3 +86,47 @@ def test_interrupt_keeps_progress(fake_cost) -> None:  # noqa: ANN001
     rest = inst.next_segment(seg.start_s + 4.5, 1.0)
     assert rest.iters == 6
     assert inst.finish_segment(rest).finished
+
+
+def test_shared_prompt_prefills_each_group_once(fake_cost) -> None:  # noqa: ANN001
+    class Shared(type(fake_cost)):
+        class params(type(fake_cost).params):  # noqa: N801
+            rollout_shares_prompt = True
+
+    reqs = [req("p/0/0/0", 10, 2), req("p/0/0/1", 10, 2), req("p/0/1/0", 20, 2),
+            req("p/0/1/1", 20, 2), req("p/0/pred/0", 10, 2), req("p/0/pred/1", 10, 2)]
+    shared = RolloutInstance("x", M, 1, Shared(), kv_budget_tokens=10_000)
+    shared.add(reqs)
+    seg = shared.next_segment(0.0, 1.0)
+    # groups 0 and 1 once each (10 + 20), predicted requests carry no group (10 + 10)
+    assert seg is not None and seg.tokens == 50 and seg.batch == 6  # all six admitted
+    assert abs(seg.duration_s - 0.5) < 1e-12
+    full = RolloutInstance("x", M, 1, fake_cost, kv_budget_tokens=10_000)
+    full.add(reqs)
+    seg = full.next_segment(0.0, 1.0)
+    assert seg is not None and seg.tokens == 80 and abs(seg.duration_s - 0.8) < 1e-12
+
+
+def test_shared_prompt_not_after_migration_or_tool_turn(fake_cost) -> None:  # noqa: ANN001
+    class Shared(type(fake_cost)):
+        class params(type(fake_cost).params):  # noqa: N801
+            rollout_shares_prompt = True
+
+    inst = RolloutInstance("x", M, 1, Shared(), kv_budget_tokens=10_000)
+    inst.add([req("p/0/0/0", 10, 3), req("p/0/0/1", 10, 3)])
+    seg = inst.next_segment(0.0, 1.0)
+    assert seg is not None and seg.tokens == 10
+    inst.finish_segment(seg)
+    dec = inst.next_segment(0.1, 1.0)
+    assert dec is not None
+    inst.interrupt(dec, 1.1)  # one token each
+    _, runs = inst.export_unfinished(None, 1.1)  # a migration: prompt + generated re-prefill
+    other = RolloutInstance("y", M, 1, Shared(), kv_budget_tokens=10_000)
+    other.add_runs(runs)
+    seg = other.next_segment(0.0, 1.0)
+    assert seg is not None and seg.tokens == 22
+    # a tool result's prefill is each request's own
+    inst = RolloutInstance("z", M, 1, Shared(), kv_budget_tokens=10_000)
+    inst.add([req("p/0/0/0", 10, 1, 1, tool_result=5), req("p/0/0/1", 10, 1, 1, tool_result=5)])
+    prefills = [seg for seg in run(inst) if seg[0] == Stage.PREFILL]
+    assert [round(b - a, 6) for _, a, b, _ in prefills] == [0.1, 0.1]  # 10 once, then 5 + 5

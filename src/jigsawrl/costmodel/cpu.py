@@ -38,6 +38,7 @@ def cpu_worker_params(devices_per_node: int | None = None) -> CostParams:
     the base that a CPU profile's measured values replace); ``devices_per_node`` defaults to
     ``CostParams``'s."""
     params = CostParams(s_sat=CPU_WORKER_S_SAT, serial_slice_s=CPU_WORKER_SLICE_S,
+                        rollout_shares_prompt=True,  # what jigsawrl's engine does
                         **CPU_WORKER_PINNED)  # type: ignore[arg-type]
     if devices_per_node is None:
         return params

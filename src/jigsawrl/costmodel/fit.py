@@ -228,6 +228,8 @@ def fit_params(model: ModelSpec, raw_by_threads: dict[int, dict[str, Any]]) -> d
         # ... and forwards each GRPO group's prompt once (engine/shared_prompt.py): counted so
         # since the first steps' page faults are gone (docs/BENCHMARKS.md, "First steps")
         "train_shares_prompt": True,
+        # the rollout engine prefills a GRPO group's shared prompt once (engine/batch.py)
+        "rollout_shares_prompt": True,
     }
     if buckets:  # one value for both passes (the cost model's pass_tokens serves both)
         params["bucket_overhead_tokens"] = statistics.mean(buckets.values())

@@ -54,7 +54,8 @@ OPTIONAL_PARAM_KEYS: tuple[str, ...] = (
     # the shared-prompt forward's extra calls, from a GRPO-shaped pass
     "bucket_overhead_tokens")
 # Facts about the profiled engine (true/false), also absent from older files (default False).
-OPTIONAL_FLAG_KEYS: tuple[str, ...] = ("train_pads_rows", "train_shares_prompt")
+OPTIONAL_FLAG_KEYS: tuple[str, ...] = ("train_pads_rows", "train_shares_prompt",
+                                        "rollout_shares_prompt")
 UNPROFILED_PARAMS: tuple[str, ...] = tuple(
     f.name for f in dataclasses.fields(CostParams)
     if f.name not in PARAM_KEYS + OPTIONAL_PARAM_KEYS + OPTIONAL_FLAG_KEYS)

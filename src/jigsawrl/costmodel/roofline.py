@@ -121,6 +121,13 @@ class CostParams:
     # for a cause not yet modelled, and the padded count happens to offset it (BENCHMARKS.md,
     # "What a pass computes"). Set it in a profile's params to try the shared count.
     train_shares_prompt: bool = False
+    # The rollout engine prefills a GRPO group's prompt once and copies its KV to the group's
+    # other fresh rows (jigsawrl's engine, engine/batch.py: one forward computes each distinct
+    # fresh prompt of a batch). The simulator then charges a prefill each group's prompt once
+    # (sim/rollout.py). True for the CPU workers (cpu_worker_params, and a profile says so);
+    # False for the GPU presets, whose fits to published runs charge every row (vLLM's prefix
+    # cache would share the prompt too: not modelled there).
+    rollout_shares_prompt: bool = False
     # With both flags above: what one more forward call of the shared-prompt forward costs (a
     # response bucket's, or a further micro-batch's prompt call), in positions of the pass's
     # own line — per-call Python and per-layer launches, and the KV rows repeated for the

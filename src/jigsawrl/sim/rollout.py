@@ -14,6 +14,9 @@ Model of the engine (vLLM-like; simplifications say so):
 - Decode: every running request gains one token per iteration. A *decode segment* lasts until the
   next request finishes its turn or the KV budget is full, so the batch is constant within it and
   its time is one closed-form call to the cost model.
+- Shared prompts (``CostParams.rollout_shares_prompt``, the CPU engine's behaviour): a prefill
+  computes each GRPO group's prompt once for the group's fresh requests it admits together (the
+  engine copies the KV to the others); GPU presets charge every request's prompt.
 - KV full: the most recently admitted request is preempted (freed, put back at the head of the
   queue, re-prefilled later — vLLM's recompute preemption).
 - Multi-turn: a turn that ends in a tool call frees the request's KV; when the tool answers the
@@ -100,6 +103,7 @@ class RolloutInstance:
         self.kv_budget = kv_budget_tokens
         self.max_num_seqs = max_num_seqs
         self.max_prefill_tokens = max_prefill_tokens
+        self._shares_prompt = cost.params.rollout_shares_prompt
         self.queue: deque[ReqRun] = deque()
         self._heap: list[tuple[int, int, ReqRun]] = []
         self._order = itertools.count()
@@ -198,11 +202,12 @@ class RolloutInstance:
         self.total_ctx += r.ctx
 
     def _prefill_segment(self, admitted: list[ReqRun], now_s: float, share: float) -> Segment:
-        new = sum(r.prefill_tokens for r in admitted)
-        ctx = sum(r.ctx - r.prefill_tokens for r in admitted)
+        computed = _distinct_prompts(admitted) if self._shares_prompt else admitted
+        new = sum(r.prefill_tokens for r in computed)
+        ctx = sum(r.ctx - r.prefill_tokens for r in computed)
         for r in admitted:
             r.prefill_tokens = 0
-        n = len(admitted)
+        n = len(computed)
         dur = self.cost.prefill_time_s(self.model, self.tp, new, ctx, share, num_seqs=n)
         flops = self.cost.prefill_flops(self.model, new, ctx, num_seqs=n)
         return Segment(Stage.PREFILL, now_s, dur, 0, len(admitted), ctx, new, flops, share)
@@ -296,3 +301,32 @@ class RolloutInstance:
         else:
             r.left = 0
             res.finished.append(r)
+
+
+def _distinct_prompts(admitted: list[ReqRun]) -> list[ReqRun]:
+    """The admitted requests a prefill computes when the engine prefills a GRPO group's shared
+    prompt once and copies its KV to the group's other fresh rows (``engine/batch.py``).
+
+    A request shares when it is fresh (first turn, nothing cached: it prefills exactly its
+    prompt) and its id is a sampled one, ``pipeline/step/prompt/sample`` (the real engine's
+    and the workload's ids): the group is everything before the last part. Predicted requests
+    (``.../pred/i``, ``.../prior/i``) carry no group and are counted in full. Simplification:
+    the KV copy to the other rows is not charged (a memory copy of the prompt's rows)."""
+    seen: set[str] = set()
+    out: list[ReqRun] = []
+    for r in admitted:
+        group = _group_of(r)
+        if group is not None:
+            if group in seen:
+                continue
+            seen.add(group)
+        out.append(r)
+    return out
+
+
+def _group_of(r: ReqRun) -> str | None:
+    if r.turn or r.prefill_tokens != r.truth.prompt_tokens or r.ctx != r.truth.prompt_tokens:
+        return None
+    head, _, sample = r.truth.sample_id.rpartition("/")
+    prompt = head.rpartition("/")[2]
+    return head if sample.isdigit() and prompt.isdigit() else None
