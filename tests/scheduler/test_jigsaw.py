@@ -121,10 +121,13 @@ def test_lookahead_starts_the_short_pass_where_greedy_starts_the_urgent_long_one
     """An 8B and a 0.6B pipeline both have their old log-probs ready, their train states on the
     devices: ``greedy`` (no look-ahead) starts the most urgent pipeline's pass — the 8B model's,
     long (under the anchored GPU costs a 4B pass is too short for the order to matter); the
-    look-ahead starts the short one first (a look-ahead that did nothing would fail this)."""
+    look-ahead starts the short one first (a look-ahead that did nothing would fail this).
+    The 0.6B pipeline weighs 2: with equal weights the 8B's urgency (its share of the work
+    left) outweighs its longer passes, and both policies rightly start it first."""
     base = cfg(n=2, devices=4)
     c = base.model_copy(update={"pipelines": [replace_spec(base.pipelines[0], model="qwen3-8b"),
-                                              base.pipelines[1]]})
+                                              replace_spec(base.pipelines[1],
+                                                           latency_weight=2.0)]})
     exp = resolve(c)
     cost = make_cost(exp)
     greedy = get_policy("greedy", {"max_train_states": 2, "fallback": False})
@@ -141,10 +144,8 @@ def test_lookahead_starts_the_short_pass_where_greedy_starts_the_urgent_long_one
         assert pred is not None
         t[p.name] = sum(pred.stages_s.get(s, 0.0) for s in MODEL_PASSES)
     assert w["p0"] > w["p1"]  # greedy took the most urgent pipeline's pass
-    assert t["p1"] < t["p0"]  # and the look-ahead the shorter one
-    # Under the anchored GPU costs Smith's rule (w0 * T1 < w1 * T0) no longer holds here: the
-    # look-ahead's forecast prefers the short pass for more than the passes' own times, and
-    # whether that choice is worth it is the planner issue's question (open).
+    assert t["p1"] < t["p0"]  # and the look-ahead the shorter one,
+    assert w["p0"] * t["p1"] < w["p1"] * t["p0"]  # as Smith's rule orders them
 
 
 def test_greedy_is_jigsaw_with_its_params_but_no_lookahead() -> None:
@@ -244,3 +245,35 @@ def test_params_of_another_scheduler_are_a_clear_config_error() -> None:
     with pytest.raises(ConfigError, match="max_train_states") as exc:
         get_policy("verl-serial", {"max_train_states": 3})
     assert exc.value.where == "scheduler.params" and "scheduler.name" in (exc.value.fix or "")
+
+
+def _rollout_beside_passes(serial_slice_s: float) -> list[tuple[str, tuple[int, ...]]]:
+    """Three pipelines on two devices: p0's update on device 0 and p1's (shorter) old log-probs
+    on device 1 both just started; where p2's rollout starts, under a belief whose devices run
+    one call at a time (``serial_slice_s`` > 0, the Ray CPU workers) or at shares (0)."""
+    from jigsawrl.costmodel.model import CostModel
+
+    exp = resolve(cfg(n=3, devices=2))
+    cost = CostModel(exp.accelerator,
+                     params=replace(make_cost(exp).params, serial_slice_s=serial_slice_s))
+    st = DriverState(exp)
+    pol = JigsawPolicy(fallback=False, max_train_states=3)
+    pol.decide(st.view(0.0, cost))  # placement
+    for name, stage, dev in (("p0", Stage.ACTOR_UPDATE, 0), ("p1", Stage.OLD_LOGPROB, 1)):
+        p = st.pipes[name]
+        p.done[0] = {Stage.ROLLOUT, Stage.REWARD}
+        if stage == Stage.ACTOR_UPDATE:
+            p.done[0] |= {Stage.OLD_LOGPROB, Stage.REF_LOGPROB}
+        t = RunningTask(task_id(name, 0, stage), name, 0, stage, (dev,), 1.0, 10.0)
+        p.running[t.task_id] = t
+        st.acquire(t.task_id, (dev,), 1.0, 1e9)
+        p.touch()
+    d = pol.decide(st.view(10.0, cost))
+    return [(a.pipeline, a.devices) for a in d.actions if isinstance(a, StartRollout)]
+
+
+def test_rollout_on_serial_devices_goes_where_the_pass_ends_first() -> None:
+    # at shares the two devices are alike (the first is taken); one call at a time, the rank
+    # would decode only after the pass beside it, so it goes beside the shorter one
+    assert _rollout_beside_passes(0.0) == [("p2", (0,))]
+    assert _rollout_beside_passes(0.2) == [("p2", (1,))]

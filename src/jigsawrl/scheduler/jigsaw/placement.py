@@ -21,13 +21,14 @@ shards over NVLink at no modelled cost; only the extra bytes of its larger shard
 from __future__ import annotations
 
 from jigsawrl.scheduler.base import PipelineView, StartRollout, StartStage, View, task_id
-from jigsawrl.scheduler.jigsaw.board import MEM_HEADROOM, Board
+from jigsawrl.scheduler.jigsaw.board import COMPUTE, MEM_HEADROOM, Board
 from jigsawrl.scheduler.jigsaw.params import JigsawParams
 from jigsawrl.scheduler.jigsaw.planner import WidthPlanner
 from jigsawrl.scheduler.jigsaw.prediction import StepPredictions
 from jigsawrl.scheduler.jigsaw.residency import Residency
 from jigsawrl.scheduler.jigsaw.shares import compute_split
 from jigsawrl.scheduler.verl import MICRO_BATCH_TOKENS
+from jigsawrl.sim.residency import worker_param
 from jigsawrl.stages import MODEL_PASSES, Stage
 
 
@@ -56,12 +57,38 @@ class Placement:
         if not groups or len(groups) < want and (
                 wait_pass or len(groups) < self.params.min_rollout_fraction * want):
             return None
-        groups.sort(key=lambda g: (max(b.mem_slots(d) for d in g), g))
+        if worker_param(view.cost, "serial_slice_s") > 0:
+            # one call at a time per device: a rank waits for the pass on its devices to end
+            busy = self._pass_left(view, b)
+            groups.sort(key=lambda g: (max(busy[d] for d in g), max(b.mem_slots(d) for d in g),
+                                       g))
+        else:
+            groups.sort(key=lambda g: (max(b.mem_slots(d) for d in g), g))
         devs = sorted(d for g in groups[:want] for d in g)
         self.predictions.ensure(view, pv, step)
         b.claim_rollout(task_id(pv.name, step, Stage.ROLLOUT), pv.name, devs, tp, need)
         return StartRollout(pv.name, step, tuple(devs), tp, share=1.0, kv_mem_bytes=kv_mem,
                             tail_logprobs=self.params.tail_logprobs and pv.spec.mode == "sync")
+
+    def _pass_left(self, view: View, b: Board) -> list[float]:
+        """Per device, the predicted seconds until the model passes on it end (0: none).
+
+        Where a device runs one call at a time (the Ray executor's CPU workers: the belief's
+        ``serial_slice_s`` > 0), a rollout placed beside a pass decodes only once the pass ends,
+        so its ranks go where passes end soonest; on the demo's replay a countdown rollout put
+        beside search's 4.4 s update instead of calculator's 1.4 s one waited the 4.4 s
+        (docs/BENCHMARKS.md, "Shared prompts, consistent urgencies, serial placement")."""
+        left = [0.0] * len(view.devices)
+        for pv in view.pipelines:
+            for t in pv.running:
+                if b.kind.get(t.task_id) != COMPUTE:
+                    continue
+                pred = self.predictions.get(pv.name, t.step)
+                dur = pred.stages_s.get(t.stage, 0.0) if pred is not None else 0.0
+                rest = max(0.0, dur - (view.now_s - t.start_s))
+                for d in t.devices:
+                    left[d] = max(left[d], rest)
+        return left
 
     def _free_groups(self, view: View, b: Board, tp: int, need: float) -> list[tuple[int, ...]]:
         """TP groups within one node whose devices have an engine slot and ``need`` bytes."""

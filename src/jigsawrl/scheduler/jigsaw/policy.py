@@ -110,6 +110,7 @@ class JigsawPolicy(PolicyBase):
         if self._delegate is not None:
             return self._delegate_decide(view)
         board = self._boards.board(view)
+        self.predictions.ensure_current(view)  # every urgency below reads the same predictions
         urgent = self.predictions.by_urgency(view)  # the train-state slot by urgency
         first = {pv.name for pv in urgent}
         order = urgent + [pv for pv in view.pipelines if pv.name not in first]

@@ -56,6 +56,20 @@ class StepPredictions:
         self._left: tuple[dict[str, float], float] | None = None
         self._order: list[PipelineView] | None = None  # by_urgency of the memo's view
 
+    def ensure_current(self, view: View) -> None:
+        """Predict every live pipeline's current step now (the policy calls it first in each
+        decision), so that every urgency of the decision reads the same predictions.
+
+        Without it an urgency read before its step was predicted fell back to the pipeline's
+        bare ``latency_weight``: the pipelines were ranked on those, and a step first predicted
+        mid-decision (the look-ahead's forecast asks for it) changed the urgencies between the
+        options it scored — the first weighed with the fallbacks, the others with predictions.
+        On the demo's replay that deferred a pass 1.8 s for nothing (docs/BENCHMARKS.md,
+        "Shared prompts, consistent urgencies, serial placement")."""
+        for pv in view.pipelines:
+            if not pv.finished:
+                self.ensure(view, pv, pv.steps_completed)
+
     def get(self, pipeline: str, step: int) -> Prediction | None:
         """The prediction of a step, if it was made (never makes one)."""
         return self._pred.get((pipeline, step))
