@@ -5,7 +5,9 @@ summaries it produced and formats them, so the report can change without touchin
 
 The report opens with what DESIGN.md §6 asks for — the exact command, the machine, the seeds —
 then a summary that sets our figures beside the paper's reported ones (``reference/jigsawrl.md``),
-a table of the lead policy's throughput ratio to every baseline per group, and one table per group.
+a table of the lead policy's throughput ratio to every baseline per group, what each of the lead's
+mechanisms is worth on the ablation groups (:mod:`jigsawrl.bench.paper_mechanisms`), and one table
+per group.
 Every ratio is a ratio of mean throughputs over the same seeds, measured in one run (one
 ``compare_policies`` call per group). A missing value is ``–`` (the policy was not registered,
 did not fit, or the group has no such baseline), never 0.
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jigsawrl.bench.paper_matrix import GroupResult, PaperRun
+from jigsawrl.bench.paper_mechanisms import mechanism_lines
 
 DASH = "–"
 
@@ -231,6 +234,7 @@ def render_markdown(run: PaperRun) -> str:
               "`reference/jigsawrl.md` (some from secondary summaries).", ""]
     lines += _ratio_table(run)
     lines += _sensitivity_table(run)
+    lines += mechanism_lines(run.groups)
     lines += ["## Groups", "", "Columns: finished tokens/s (mean ± population sd over seeds); "
               "÷ the group's baseline; the lead's tokens/s ÷ this policy's; mean step latency ÷ "
               "solo; MFU; busy fraction; $ per million finished tokens; makespan.", ""]
