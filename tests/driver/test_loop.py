@@ -161,3 +161,29 @@ def test_rank_progress_wakes_the_policy_only_when_it_says_so(fake_cost) -> None:
     # reads no counts)
     assert woken.decisions == quiet.decisions + len(woken.asked)
     assert runs[False][1].events == runs[True][1].events
+
+
+class FinishingExecutor(FixedExecutor):
+    """Counts ``finish`` calls; its clock moves on inside one (as a real one's would)."""
+
+    def __init__(self, *a, **kw) -> None:  # noqa: ANN002, ANN003
+        super().__init__(*a, **kw)
+        self.finished = 0
+        self.extra_s = 0.0
+
+    @property
+    def now_s(self) -> float:
+        return super().now_s + self.extra_s
+
+    def finish(self) -> None:
+        self.finished += 1
+        self.extra_s = 100.0
+
+
+def test_finish_runs_once_after_the_run_and_outside_its_makespan(fake_cost) -> None:  # noqa: ANN001
+    exp = experiment()
+    plain = run(exp, "verl-split", {"p0": [3, 6]}, fake_cost)
+    ex = FinishingExecutor(exp, truth_cost=fake_cost, seed=0, lengths={"p0": [3, 6]})
+    res = Driver(exp, get_policy("verl-split"), ex, fake_cost).run()
+    assert ex.finished == 1
+    assert res.makespan_s == pytest.approx(plain.makespan_s) and res.makespan_s > 0

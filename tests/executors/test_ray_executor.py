@@ -90,8 +90,10 @@ def test_two_real_pipelines_finish(shared_ray: Any, cache: Path, policy: str,
     assert summary["failed_pipelines"] == []
     assert summary["policy"] == policy
     # every device worker timed the speed probe before the clock (engine/speedprobe.py)
-    probes = summary["speed_probes_s"]
-    assert len(probes) == summary["num_devices"] and all(p > 0 for p in probes)
+    # ... and again once the run ended, after the clock
+    for key in ("speed_probes_s", "speed_probes_end_s"):
+        probes = summary[key]
+        assert len(probes) == summary["num_devices"] and all(p > 0 for p in probes)
     assert (tmp_path / "run" / "summary.json").is_file()
     stages = {s.stage for s in events if isinstance(s, Span)}
     assert stages >= {Stage.REWARD, Stage.OLD_LOGPROB, Stage.ACTOR_UPDATE, Stage.WEIGHT_SYNC}

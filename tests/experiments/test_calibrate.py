@@ -217,7 +217,12 @@ def test_a_run_on_a_slower_machine_is_predicted_exactly_once_scaled_by_its_probe
         for c in stages.values():
             assert c["rel_error"] is None or c["rel_error"] == pytest.approx(0.0, abs=1e-6)
     assert cal.to_json()["speed_factor"] == pytest.approx(1.5)
-    del measured["speed_probes_s"]
+    # the probes after the run count too: the median of both ends
+    measured["speed_probes_end_s"] = [0.04, 0.04, 0.04, 0.04]
+    both = calibrate(cfg, events, "verl-serial", profile=prof, exp=exp, tool_tokens=TOOL_TOKENS,
+                     measured=measured)
+    assert both.speed_factor == pytest.approx(0.04 / 0.02)
+    del measured["speed_probes_s"], measured["speed_probes_end_s"]
     plain = calibrate(cfg, events, "verl-serial", profile=prof, exp=exp,
                       tool_tokens=TOOL_TOKENS, measured=measured)
     assert plain.speed_factor is None and plain.speed_adjusted is None

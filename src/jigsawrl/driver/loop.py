@@ -74,6 +74,7 @@ class Driver:
     def run(self) -> DriverResult:
         self.executor.start()
         wants_progress = self.policy.wants_rank_progress
+        end_s: float | None = None  # the clock when the last pipeline finished
         try:
             decide = True
             while not self.state.all_finished:
@@ -88,10 +89,15 @@ class Driver:
                 decide = any(not isinstance(n, RankProgress) for n in notes) or (
                     wants_progress and self._progress_wakes(notes))
                 self._events.extend(self.executor.drain_events())
+            end_s = self.executor.now_s
+            finish = getattr(self.executor, "finish", None)
+            if finish is not None:  # after the clock: e.g. the Ray workers' end-of-run probes
+                finish()
         finally:
             self.executor.close()
         self._events.extend(self.executor.drain_events())
-        return DriverResult(self._events, self._decision_times, self.executor.now_s)
+        return DriverResult(self._events, self._decision_times,
+                            self.executor.now_s if end_s is None else end_s)
 
     # ------------------------------------------------------------------ decisions
     def _decide_and_apply(self) -> int:

@@ -4,7 +4,8 @@ Why: this VM's speed drifts by up to 1.6x within minutes (BENCHMARKS.md), and a 
 at one moment. A real run's prediction error then mixes two things: the cost model's error and
 the machine running at another speed than when the profile was taken. ``jigsawrl profile``
 times this probe and stores it in the profile (``speed_probe_s``); every device worker times it
-again right before the run clock starts, and the run's summary keeps the median. Their ratio
+again right before the run clock starts (``speed_probes_s``) and once the run has ended, after
+the clock (``speed_probes_end_s``), and the calibration takes the median of both ends. Their ratio
 says how much slower (> 1) or faster the machine was for the run, and the calibration reports
 the prediction both as profiled and scaled by that ratio (``costmodel.profile.slower``).
 

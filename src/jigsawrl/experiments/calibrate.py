@@ -329,9 +329,10 @@ def truth_cost(exp: Experiment, profile: str | Path | None, *,
 
 
 def speed_factor(profile: str | Path | None, measured: Mapping[str, Any]) -> float | None:
-    """The run's speed probe (the median of its workers') over the profile's: how many times
-    slower the machine ran than when profiled; None where either has no probe."""
-    probes = measured.get("speed_probes_s") or []
+    """The run's speed probe (the median of its workers', before the clock and, where taken,
+    again after the run: ``speed_probes_end_s``) over the profile's: how many times slower the
+    machine ran than when profiled; None where either has no probe."""
+    probes = [*(measured.get("speed_probes_s") or []), *(measured.get("speed_probes_end_s") or [])]
     if profile is None or not probes:
         return None
     from jigsawrl.costmodel.profile import profile_probe_s, read_profile

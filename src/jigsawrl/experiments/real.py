@@ -186,8 +186,8 @@ def run_real(cfg: ExperimentConfig, *, policy: str | None = None, address: str |
         (per pipeline, per step: reward mean, losses), ``memory_moves`` (measured offloads and
         onloads), ``resumed_from``, ``replaced_devices``, ``recovered`` (requests of dead
         workers resumed from checkpoints / regenerated, and the sampled tokens kept) and
-        ``speed_probes_s`` (each device worker's speed probe before the clock:
-        ``engine/speedprobe.py``) and ``pass_breakdown`` (per pipeline and model pass, the
+        ``speed_probes_s`` / ``speed_probes_end_s`` (each device worker's speed probe before
+        the clock and once the run ended: ``engine/speedprobe.py``) and ``pass_breakdown`` (per pipeline and model pass, the
         calls' wall, CPU, garbage-collection, pass, onload and batch-build seconds:
         ``raycluster/callclock.py``).
 
@@ -251,6 +251,7 @@ def run_real(cfg: ExperimentConfig, *, policy: str | None = None, address: str |
     summary["threads_per_device"] = threads_per_device
     summary["belief_profile"] = None if profile is None else str(profile)
     summary["speed_probes_s"] = executor.speed_probes_s
+    summary["speed_probes_end_s"] = executor.speed_probes_end_s
     summary["pass_breakdown"] = executor.pass_breakdown
     if report := pol.report():
         summary["policy_report"] = report

@@ -203,6 +203,12 @@ class RayExecutor:
         return list(self.fleet.speed_probes_s)
 
     @property
+    def speed_probes_end_s(self) -> list[float]:
+        """Each device worker's speed probe once the run had ended (:meth:`finish`; empty
+        where the run did not end or a worker did not answer)."""
+        return list(self.fleet.speed_probes_end_s)
+
+    @property
     def recovered(self) -> dict[str, int]:
         """Requests of dead workers: ``resumed`` from a checkpoint, ``regenerated`` from their
         prompt, and the sampled ``tokens_kept`` by the resumed ones."""
@@ -235,6 +241,11 @@ class RayExecutor:
         self.state.start_clock()
         log.info("ray executor ready: %d device workers, %d pipelines in %.1f s",
                  len(self.state.devs), len(self.state.pipes), self.startup_s)
+
+    def finish(self) -> None:
+        """The run ended (every pipeline finished): the workers' speed probes once more, after
+        the clock (:meth:`Fleet.probe_end`)."""
+        self.fleet.probe_end()
 
     def close(self) -> None:
         """Stop the workers; shut Ray down if this executor started it."""

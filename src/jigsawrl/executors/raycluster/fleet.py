@@ -63,6 +63,7 @@ class Fleet:
         self.node_ids: list[str] = []
         self.replaced: list[int] = []
         self.speed_probes_s: list[float] = []
+        self.speed_probes_end_s: list[float] = []  # again once the run's last step ended
         self._started_ray = False
         self._res: Reservation | None = None
 
@@ -82,6 +83,19 @@ class Fleet:
         # last, once nothing of the start-up runs: every worker's speed probe, together (as
         # the run's calls run), the machine's speed for this run (engine/speedprobe.py)
         self.speed_probes_s = ray.get([d.actor.probe.remote() for d in devs])
+
+    def probe_end(self, timeout_s: float = 30.0) -> None:
+        """Every worker's speed probe again, together, once the run has ended (after the
+        clock): with the one before the clock, how fast the machine ran at both ends of the
+        run (this VM drifts within minutes: engine/speedprobe.py). Left empty where a worker
+        does not answer (a failed run ends without it)."""
+        devs = self.state.devs
+        try:
+            self.speed_probes_end_s = ray.get([d.actor.probe.remote() for d in devs],
+                                              timeout=timeout_s)
+        except Exception as exc:  # noqa: BLE001 - a dead or stuck worker: no end probe
+            log.warning("no end-of-run speed probe: %s: %s", type(exc).__name__, exc)
+            self.speed_probes_end_s = []
 
     def _new_device(self, index: int) -> Dev:
         assert self._res is not None
