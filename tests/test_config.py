@@ -268,3 +268,22 @@ def test_a_real_run_measures_each_task_prompt_length_for_the_priors() -> None:
         assert exp.config.pipelines[p.index].prompt_tokens == want
     kept = resolve_real(load_config("configs/real/bench.yaml", ["pipelines.0.prompt_tokens=77"]))
     assert kept.pipelines[0].spec.prompt_tokens == 77
+
+
+def test_a_real_run_gives_the_priors_each_task_tool_calls() -> None:
+    """resolve_real fills ``prior_tool_calls`` / ``prior_tool_result_tokens`` from the task's
+    own estimates (none for a single-turn task); a value the config sets is kept."""
+    from jigsawrl.experiments.resolve import resolve_real
+    from jigsawrl.tasks import build_task
+
+    c = load_config("configs/real/bench.yaml")
+    exp = resolve_real(c)
+    by_name = {p.spec.name: p.spec for p in exp.pipelines}
+    assert by_name["countdown"].prior_tool_calls == 0.0
+    assert by_name["calculator"].prior_tool_calls == 1.0  # num_ops: 1
+    search = build_task(next(p for p in c.pipelines if p.name == "search"))
+    assert by_name["search"].prior_tool_calls == pytest.approx(1.0 + search.two_hop_fraction)
+    assert by_name["search"].prior_tool_result_tokens == 31 * search.top_k
+    kept = resolve_real(load_config("configs/real/bench.yaml",
+                                    ["pipelines.1.prior_tool_calls=3"]))
+    assert kept.pipelines[1].spec.prior_tool_calls == 3.0

@@ -226,6 +226,14 @@ class PipelineSpec(_Strict):
         None, ge=1, le=MAX_TOKENS, description="mean prompt length, in tokens, that the "
         "schedulers' priors assume for a task without a preset (a real task; default: measured "
         "from the task's prompts when a real run resolves, else 128)")
+    prior_tool_calls: float | None = Field(
+        None, ge=0, le=1000, description="tool calls per response that the schedulers' priors "
+        "assume for a task without a preset (a real task; each waits rollout.tool_latency_s; "
+        "default: the task's own estimate when a real run resolves, else 0)")
+    prior_tool_result_tokens: int | None = Field(
+        None, ge=0, le=MAX_TOKENS, description="tokens of one tool result that the schedulers' "
+        "priors assume for a task without a preset (default: the task's own estimate when a "
+        "real run resolves, else 0)")
     mode: Literal["sync", "async"] = Field(
         "sync", description="sync, or async: rollouts may lag the policy by max_staleness steps")
     max_staleness: int = Field(0, ge=0, le=1000,

@@ -267,3 +267,34 @@ def test_a_task_without_a_preset_is_assumed_its_measured_prompt_length() -> None
     assert {r.generated_tokens for r in measured} == {8}
     with pytest.raises(ValueError):
         PipelineSpec(name="count", model="qwen2-1m", prompt_tokens=0)
+
+
+def test_a_task_without_a_preset_waits_for_its_tool_calls() -> None:
+    """A real task's prior has ``prior_tool_calls`` tool calls (rounded), each waiting the
+    rollout's ``tool_latency_s`` and returning ``prior_tool_result_tokens``, the quarter of the
+    cap split over the turns; without calls it stays single-turn. jigsaw's history turns read
+    the same (an observed total less its tool results)."""
+    from types import SimpleNamespace
+
+    from jigsawrl.config import PipelineSpec
+    from jigsawrl.scheduler.jigsaw.widths import as_turns
+    from jigsawrl.scheduler.verl_placements import prior_requests
+    from jigsawrl.workload.requests import TurnTruth
+
+    def spec(**extra: object) -> PipelineSpec:
+        return PipelineSpec(name="calc", model="qwen2-1m", task="calculator", batch_size=1,
+                            group_size=2, max_response_tokens=64,
+                            rollout={"tool_latency_s": 0.2}, **extra)
+
+    def turns(**extra: object) -> tuple[TurnTruth, ...]:
+        (first, *rest) = prior_requests(SimpleNamespace(name="calc", spec=spec(**extra)))
+        assert all(r.turns == first.turns for r in rest)
+        return first.turns
+
+    assert turns() == (TurnTruth(16),)
+    assert turns(prior_tool_calls=1.0, prior_tool_result_tokens=10) == (
+        TurnTruth(8, 0.2, 10), TurnTruth(8))
+    assert turns(prior_tool_calls=1.6) == (TurnTruth(5, 0.2, 0),) * 2 + (TurnTruth(5),)
+    pv = SimpleNamespace(spec=spec(prior_tool_calls=1.0, prior_tool_result_tokens=10))
+    assert as_turns(pv, 40) == (TurnTruth(15, 0.2, 10), TurnTruth(15))  # type: ignore[arg-type]
+    assert as_turns(SimpleNamespace(spec=spec()), 40) == (TurnTruth(40),)  # type: ignore[arg-type]

@@ -296,12 +296,31 @@ def resolve_real(cfg: ExperimentConfig) -> Experiment:
         _num_devices(cfg, i, p)
         if p.prompt_tokens is None:
             p = p.model_copy(update={"prompt_tokens": _prompt_tokens(p, built, cfg.seed)})
+        p = p.model_copy(update=_tool_priors(p, built))
         specs.append(p)
         task = stub_task(p)
         sampler = RequestSampler(task, group_size=p.group_size,
                                  max_response_tokens=p.max_response_tokens)
         pipes.append(ResolvedPipeline(i, p, engine_model_spec(p.model), task, sampler))
     return Experiment(cfg.model_copy(update={"pipelines": specs}), accel, tuple(pipes))
+
+
+def _tool_priors(p: PipelineSpec, task: Any) -> dict[str, Any]:
+    """The task's own estimate of its tool calls per response and of one result's tokens
+    (``tasks/base.py``), for the schedulers' priors, where the config does not set them: a
+    multi-turn task's tool waits are known before anything is generated, as its prompts are,
+    and a prior without them sees a tool-bound job as short (the four-pipeline real bench:
+    jigsaw then fell back to a queue that measured 0.88x its own plan)."""
+    out: dict[str, Any] = {}
+    if p.prior_tool_calls is None:
+        calls = getattr(task, "expected_tool_calls", None)
+        if isinstance(calls, int | float) and calls >= 0:
+            out["prior_tool_calls"] = float(calls)
+    if p.prior_tool_result_tokens is None:
+        tokens = getattr(task, "expected_tool_result_tokens", None)
+        if isinstance(tokens, int) and tokens >= 0:
+            out["prior_tool_result_tokens"] = tokens
+    return out
 
 
 def _prompt_tokens(p: PipelineSpec, task: Any, seed: int) -> int | None:

@@ -145,9 +145,9 @@ def prior_requests(pv: PipelineView) -> list[RequestTruth]:
     n = spec.batch_size * spec.group_size
     task = TASKS.get(spec.task)
     if task is None:
-        turn = TurnTruth(max(1, spec.max_response_tokens // 4))
+        turns = real_task_turns(spec, max(1, spec.max_response_tokens // 4))
         prompt = prior_prompt_tokens(spec)
-        return [RequestTruth(f"{pv.name}/prior/{i}", prompt, (turn,)) for i in range(n)]
+        return [RequestTruth(f"{pv.name}/prior/{i}", prompt, turns) for i in range(n)]
     sigma = math.hypot(task.response_sigma, task.prompt_difficulty_sigma)
     unit = NormalDist()
     out = []
@@ -156,6 +156,22 @@ def prior_requests(pv: PipelineView) -> list[RequestTruth]:
         out.append(RequestTruth(f"{pv.name}/prior/{i}", int(task.prompt_mean),
                                 _turns(task, length, spec.max_response_tokens)))
     return out
+
+
+def real_task_turns(spec: PipelineSpec, generated: int) -> tuple[TurnTruth, ...]:
+    """``generated`` tokens of a task without a preset as turns: one more than the
+    ``prior_tool_calls`` its config (or a real run's resolve, from the task) gives, each turn
+    but the last ending in a tool call that waits ``rollout.tool_latency_s`` and returns
+    ``prior_tool_result_tokens``; single-turn without tool calls. The tokens split evenly (a
+    simplification: a real task's turns differ in length)."""
+    calls = int((spec.prior_tool_calls or 0.0) + 0.5)
+    if calls < 1:
+        return (TurnTruth(max(1, generated)),)
+    count = calls + 1
+    per = max(1, generated // count)
+    wait, result = spec.rollout.tool_latency_s, spec.prior_tool_result_tokens or 0
+    return tuple(TurnTruth(per) if i == calls else TurnTruth(per, wait, result)
+                 for i in range(count))
 
 
 def prior_prompt_tokens(spec: PipelineSpec) -> int:

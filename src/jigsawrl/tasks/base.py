@@ -460,6 +460,11 @@ class BaseTask:
     name: str = "base"
     multi_turn: bool = False
     max_turns: int = 1
+    # What a response is expected to do with the tool, for the schedulers' priors (a real run
+    # copies them into the pipeline's ``prior_tool_calls`` / ``prior_tool_result_tokens``):
+    # estimates from the task's own format, not measured
+    expected_tool_calls: float = 0.0
+    expected_tool_result_tokens: int = 0
     stop: tuple[str, ...] = ()
     max_response_chars: int = 32
     error_text: str = "<r>error</r>"

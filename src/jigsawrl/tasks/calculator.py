@@ -114,6 +114,9 @@ class CalculatorTask(BaseTask):
         self.use_division: bool = bool(p["use_division"])
         self.test_fraction = test_fraction
         self.max_turns = self.num_ops + 2  # one call per operation, the answer, one spare
+        self.expected_tool_calls = float(self.num_ops)  # one call per operation
+        # "<r>" + a result of up to ~6 digits + "</r>" (character tokens)
+        self.expected_tool_result_tokens = len(RESULT_OPEN) + 6 + len(RESULT_CLOSE)
         self.max_response_chars = 44 * self.num_ops + 16
 
     # ------------------------------------------------------------------ data

@@ -116,6 +116,9 @@ class SearchTask(BaseTask):
         self.test_fraction = test_fraction
         hops = 2 if self.two_hop_fraction > 0 else 1
         self.max_turns = hops + 2  # the searches, the answer, one spare search
+        # one search, a second one for a two-hop question; ~31 characters per document found
+        self.expected_tool_calls = 1.0 + self.two_hop_fraction
+        self.expected_tool_result_tokens = 31 * self.top_k
         # a search turn is ~40 chars + ~31 per document; 40 chars of slack for the answer
         self.max_response_chars = hops * (44 + 32 * self.top_k) + 40
 

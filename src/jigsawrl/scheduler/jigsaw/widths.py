@@ -45,6 +45,7 @@ from jigsawrl.scheduler.verl_placements import (
     pipeline_resident_bytes,
     prior_prompt_tokens,
     prior_requests,
+    real_task_turns,
 )
 from jigsawrl.stages import MODEL_PASSES, Stage
 from jigsawrl.workload.requests import RequestTruth, TurnTruth
@@ -53,10 +54,15 @@ from jigsawrl.workload.task_presets import TASKS
 
 def as_turns(pv: PipelineView, total: int) -> tuple[TurnTruth, ...]:
     """An observed total response split into the task preset's expected turns (single-turn for a
-    task without a preset or with one turn): history records totals only, the tool waits
+    preset with one turn; a task without a preset in :func:`~jigsawrl.scheduler.verl_placements.
+    real_task_turns`, its tool results taken off the total): history records totals only, the tool waits
     between turns are what makes a multi-turn rollout latency-bound."""
     task = TASKS.get(pv.spec.task)
-    if task is None or not task.multi_turn:
+    if task is None:  # a real task: its tool calls as its config or resolve estimates them
+        spec = pv.spec
+        calls = int((spec.prior_tool_calls or 0.0) + 0.5)
+        return real_task_turns(spec, max(1, total - calls * (spec.prior_tool_result_tokens or 0)))
+    if not task.multi_turn:
         return (TurnTruth(max(1, total)),)
     expected = sum(task.continue_prob ** i for i in range(task.max_turns))
     count = max(1, min(task.max_turns, round(expected)))
