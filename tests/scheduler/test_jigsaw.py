@@ -277,3 +277,21 @@ def test_rollout_on_serial_devices_goes_where_the_pass_ends_first() -> None:
     # would decode only after the pass beside it, so it goes beside the shorter one
     assert _rollout_beside_passes(0.0) == [("p2", (0,))]
     assert _rollout_beside_passes(0.2) == [("p2", (1,))]
+
+
+def test_lookahead_offers_no_wait_where_a_device_runs_one_call_at_a_time() -> None:
+    """Beside a running decode, waiting is an option of the look-ahead at shares (the GPU
+    presets), not where a device takes turns (``serial_slice_s`` > 0: the fluid forecast shares
+    a device the real one time-slices; measured: its deferrals cost 6% on the real pool)."""
+    from types import SimpleNamespace
+
+    from jigsawrl.scheduler.jigsaw.lookahead import LookAhead
+
+    board = SimpleNamespace(any_memory=lambda: True)
+    cand = (SimpleNamespace(name="p0"), 0, Stage.OLD_LOGPROB, (0,))
+    for slice_s, options in ((0.0, 1), (0.2, 0)):
+        la = LookAhead(0, predictions=None)  # type: ignore[arg-type]
+        view = SimpleNamespace(cost=SimpleNamespace(params=SimpleNamespace(
+            serial_slice_s=slice_s)))
+        assert la.choose(view, board, [cand]) is cand  # type: ignore[arg-type]
+        assert la.stats.with_choice == options

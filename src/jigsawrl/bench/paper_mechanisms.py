@@ -34,9 +34,10 @@ WHY_IT_STAYS: dict[str, str] = {
         "the look-ahead's options are 'start the ready pass now' or 'wait' (one train state on "
         "the devices at a time); on every sync group starting now forecasts best, so it agrees "
         "with greedy to the digit; on the async groups its deferrals are worth -2.9% to +0.2% "
-        "(paper/async-aime-search seed 0 the loss), and on the real four-pipeline bench greedy "
-        "measured 1.20x verl against jigsaw's 1.13x (docs/BENCHMARKS.md, 'Shared prompts, "
-        "consistent urgencies, serial placement'; 'Real tasks' tool waits'). Kept as issue 11 item 3's search, whose "
+        "(paper/async-aime-search seed 0 the loss); on the real pool, whose devices take turns, "
+        "it no longer offers to wait (its deferrals there cost 6%: docs/BENCHMARKS.md, "
+        "'Shared prompts, consistent urgencies, serial placement'; 'Real tasks' tool waits'). "
+        "Kept as issue 11 item 3's search, whose "
         "candidate set is the open work; greedy (depth 0) is never slower on a sync group"),
     "tail_logprobs": (
         "issue 11 item 4 asks for it as an option (off by default, exact: tested); it acts only "

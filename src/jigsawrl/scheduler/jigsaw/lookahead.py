@@ -16,6 +16,7 @@ from jigsawrl.scheduler.base import PipelineView, View, stage_sequence
 from jigsawrl.scheduler.jigsaw.board import Board
 from jigsawrl.scheduler.jigsaw.forecast import FState, FWork, Slow, forecast
 from jigsawrl.scheduler.jigsaw.prediction import StepPredictions
+from jigsawrl.sim.residency import worker_param
 from jigsawrl.stages import MODEL_PASSES, Stage
 
 # A ready model pass and the devices it would run on.
@@ -57,8 +58,12 @@ class LookAhead:
     def choose(self, view: View, b: Board, cands: list[Candidate]) -> Candidate | None:
         """The candidate to start now, or None to start none (``cands`` is not empty)."""
         options: list[Candidate | None] = list(cands)
-        if b.any_memory():
-            options.append(None)  # waiting only helps if it spares a running decode
+        if b.any_memory() and worker_param(view.cost, "serial_slice_s") <= 0:
+            # waiting only helps if it spares a running decode; not offered where a device runs
+            # one call at a time (the Ray executor's CPU workers): the fluid forecast shares a
+            # device, the real one takes turns, and its deferrals there cost 6% against greedy
+            # (docs/BENCHMARKS.md, "Real tasks' tool waits")
+            options.append(None)
         self.stats.decisions += 1
         self.stats.with_choice += len(options) >= 2
         if self.depth == 0:
