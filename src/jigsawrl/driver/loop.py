@@ -90,9 +90,7 @@ class Driver:
                     wants_progress and self._progress_wakes(notes))
                 self._events.extend(self.executor.drain_events())
             end_s = self.executor.now_s
-            finish = getattr(self.executor, "finish", None)
-            if finish is not None:  # after the clock: e.g. the Ray workers' end-of-run probes
-                finish()
+            self.executor.finish()  # after the clock: e.g. the Ray workers' end-of-run probes
         finally:
             self.executor.close()
         self._events.extend(self.executor.drain_events())

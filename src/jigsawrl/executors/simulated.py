@@ -91,6 +91,9 @@ class SimulatedExecutor:
     def close(self) -> None:
         pass
 
+    def finish(self) -> None:
+        pass  # nothing is measured after a simulated run
+
     def busy(self) -> bool:
         return self.sim.busy()
 

@@ -158,13 +158,19 @@ def prior_requests(pv: PipelineView) -> list[RequestTruth]:
     return out
 
 
+def prior_tool_calls(spec: PipelineSpec) -> int:
+    """The whole tool calls per response a task without a preset is assumed to make (its
+    ``prior_tool_calls``, rounded half up; 0 when unset)."""
+    return int((spec.prior_tool_calls or 0.0) + 0.5)
+
+
 def real_task_turns(spec: PipelineSpec, generated: int) -> tuple[TurnTruth, ...]:
     """``generated`` tokens of a task without a preset as turns: one more than the
     ``prior_tool_calls`` its config (or a real run's resolve, from the task) gives, each turn
     but the last ending in a tool call that waits ``rollout.tool_latency_s`` and returns
     ``prior_tool_result_tokens``; single-turn without tool calls. The tokens split evenly (a
     simplification: a real task's turns differ in length)."""
-    calls = int((spec.prior_tool_calls or 0.0) + 0.5)
+    calls = prior_tool_calls(spec)
     if calls < 1:
         return (TurnTruth(max(1, generated)),)
     count = calls + 1

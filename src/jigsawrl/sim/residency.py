@@ -30,6 +30,12 @@ def worker_param(cost: CostModelProtocol, name: str) -> float:
     return float(getattr(getattr(cost, "params", None), name, 0.0) or 0.0)
 
 
+def serial_devices(cost: CostModelProtocol) -> bool:
+    """Whether ``cost`` describes devices that run one call at a time (the Ray executor's CPU
+    workers: ``serial_slice_s`` > 0), where co-located work takes turns instead of sharing."""
+    return worker_param(cost, "serial_slice_s") > 0.0
+
+
 def moves_modelled(cost: CostModelProtocol) -> bool:
     """Whether ``cost`` prices a worker's train-state moves (a profiled worker pool)."""
     return worker_param(cost, "state_onload_s") > 0.0 or worker_param(cost, "state_offload_s") > 0.0

@@ -82,20 +82,22 @@ class Fleet:
         self._preload_weights()
         # last, once nothing of the start-up runs: every worker's speed probe, together (as
         # the run's calls run), the machine's speed for this run (engine/speedprobe.py)
-        self.speed_probes_s = ray.get([d.actor.probe.remote() for d in devs])
+        self.speed_probes_s = self._probe_all()
 
     def probe_end(self, timeout_s: float = 30.0) -> None:
         """Every worker's speed probe again, together, once the run has ended (after the
         clock): with the one before the clock, how fast the machine ran at both ends of the
         run (this VM drifts within minutes: engine/speedprobe.py). Left empty where a worker
         does not answer (a failed run ends without it)."""
-        devs = self.state.devs
         try:
-            self.speed_probes_end_s = ray.get([d.actor.probe.remote() for d in devs],
-                                              timeout=timeout_s)
+            self.speed_probes_end_s = self._probe_all(timeout_s)
         except Exception as exc:  # noqa: BLE001 - a dead or stuck worker: no end probe
             log.warning("no end-of-run speed probe: %s: %s", type(exc).__name__, exc)
             self.speed_probes_end_s = []
+
+    def _probe_all(self, timeout_s: float | None = None) -> list[float]:
+        """Every device worker's speed probe, run together; seconds each."""
+        return ray.get([d.actor.probe.remote() for d in self.state.devs], timeout=timeout_s)
 
     def _new_device(self, index: int) -> Dev:
         assert self._res is not None

@@ -16,7 +16,7 @@ from jigsawrl.scheduler.base import PipelineView, View, stage_sequence
 from jigsawrl.scheduler.jigsaw.board import Board
 from jigsawrl.scheduler.jigsaw.forecast import FState, FWork, Slow, forecast
 from jigsawrl.scheduler.jigsaw.prediction import StepPredictions
-from jigsawrl.sim.residency import worker_param
+from jigsawrl.sim.residency import serial_devices
 from jigsawrl.stages import MODEL_PASSES, Stage
 
 # A ready model pass and the devices it would run on.
@@ -58,7 +58,7 @@ class LookAhead:
     def choose(self, view: View, b: Board, cands: list[Candidate]) -> Candidate | None:
         """The candidate to start now, or None to start none (``cands`` is not empty)."""
         options: list[Candidate | None] = list(cands)
-        if b.any_memory() and worker_param(view.cost, "serial_slice_s") <= 0:
+        if b.any_memory() and not serial_devices(view.cost):
             # waiting only helps if it spares a running decode; not offered where a device runs
             # one call at a time (the Ray executor's CPU workers): the fluid forecast shares a
             # device, the real one takes turns, and its deferrals there cost 6% against greedy

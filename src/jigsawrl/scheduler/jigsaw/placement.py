@@ -28,7 +28,7 @@ from jigsawrl.scheduler.jigsaw.prediction import StepPredictions
 from jigsawrl.scheduler.jigsaw.residency import Residency
 from jigsawrl.scheduler.jigsaw.shares import compute_split
 from jigsawrl.scheduler.verl import MICRO_BATCH_TOKENS
-from jigsawrl.sim.residency import worker_param
+from jigsawrl.sim.residency import serial_devices
 from jigsawrl.stages import MODEL_PASSES, Stage
 
 
@@ -57,7 +57,7 @@ class Placement:
         if not groups or len(groups) < want and (
                 wait_pass or len(groups) < self.params.min_rollout_fraction * want):
             return None
-        if worker_param(view.cost, "serial_slice_s") > 0:
+        if serial_devices(view.cost):
             # one call at a time per device: a rank waits for the pass on its devices to end
             busy = self._pass_left(view, b)
             groups.sort(key=lambda g: (max(busy[d] for d in g), max(b.mem_slots(d) for d in g),

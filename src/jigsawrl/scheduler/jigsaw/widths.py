@@ -45,6 +45,7 @@ from jigsawrl.scheduler.verl_placements import (
     pipeline_resident_bytes,
     prior_prompt_tokens,
     prior_requests,
+    prior_tool_calls,
     real_task_turns,
 )
 from jigsawrl.stages import MODEL_PASSES, Stage
@@ -60,8 +61,8 @@ def as_turns(pv: PipelineView, total: int) -> tuple[TurnTruth, ...]:
     task = TASKS.get(pv.spec.task)
     if task is None:  # a real task: its tool calls as its config or resolve estimates them
         spec = pv.spec
-        calls = int((spec.prior_tool_calls or 0.0) + 0.5)
-        return real_task_turns(spec, max(1, total - calls * (spec.prior_tool_result_tokens or 0)))
+        results = prior_tool_calls(spec) * (spec.prior_tool_result_tokens or 0)
+        return real_task_turns(spec, max(1, total - results))
     if not task.multi_turn:
         return (TurnTruth(max(1, total)),)
     expected = sum(task.continue_prob ** i for i in range(task.max_turns))
