@@ -67,6 +67,39 @@ def test_kv_full_preempts_latest_and_recomputes(fake_cost) -> None:  # noqa: ANN
     assert tl[-1][0] == Stage.DECODE_SMALL and tl[-1][2] == 11.35
 
 
+def test_a_preempted_request_generates_all_its_tokens(fake_cost) -> None:  # noqa: ANN001
+    # A preempted request left its heap entry behind; once re-admitted, that stale entry ended
+    # its turn at the old finish iteration, tokens short of its truth (fixed: entries are
+    # checked against the request's current admission).
+    inst = RolloutInstance("x", M, 1, fake_cost, kv_budget_tokens=300)
+    reqs = [req(f"p/0/{i}/0", 10, 40 + 10 * i) for i in range(8)]
+    inst.add(reqs)
+    t, ctx = 0.0, {}
+    while not inst.done:
+        seg = inst.next_segment(t, 1.0)
+        t += seg.duration_s
+        for r in inst.finish_segment(seg).finished:
+            ctx[r.truth.sample_id] = r.ctx
+    assert inst.preemptions > 0
+    assert ctx == {r.sample_id: r.prompt_tokens + r.response_tokens for r in reqs}
+
+
+def test_export_some_takes_queued_then_latest_running(fake_cost) -> None:  # noqa: ANN001
+    inst = RolloutInstance("x", M, 1, fake_cost, kv_budget_tokens=10_000, max_num_seqs=2)
+    inst.add([req("a", 10, 5), req("b", 10, 6), req("c", 10, 7), req("d", 10, 8)])
+    inst.finish_segment(inst.next_segment(0.0, 1.0))  # a and b admitted and prefilled
+    assert [r.truth.sample_id for r in inst.export_some(1, queued_only=True)] == ["d"]
+    out = inst.export_some(2)
+    assert [r.truth.sample_id for r in out] == ["c", "b"]  # the queue, then the latest admitted
+    assert all(r.prefill_tokens == r.ctx and not r.running for r in out)
+    assert inst.n_running == 1 and inst.total_ctx == 10 and not inst.queue
+    # the request left behind runs to its end; the taken one's stale entry ends nothing
+    seg = inst.next_segment(0.1, 1.0)
+    assert seg.iters == 5 and seg.batch == 1
+    assert [r.truth.sample_id for r in inst.finish_segment(seg).finished] == ["a"]
+    assert inst.done
+
+
 def test_multi_turn_prefills_only_tool_result(fake_cost) -> None:  # noqa: ANN001
     inst = RolloutInstance("x", M, 1, fake_cost, kv_budget_tokens=10_000)
     inst.add([req("a", 10, 2, 3, tool_result=5)])

@@ -163,11 +163,11 @@ class RolloutInstance:
             return self._prefill_segment(admitted, now_s, share)
         if self.n_running == 0:
             return None
-        iters = self._heap[0][0] - self.it
+        iters = self._next_finish() - self.it
         room = (self.kv_budget - self.total_ctx) // self.n_running
         while room < 1 and self.n_running > 1:
             self._preempt()
-            iters = self._heap[0][0] - self.it
+            iters = self._next_finish() - self.it
             room = (self.kv_budget - self.total_ctx) // self.n_running
         iters = max(1, min(iters, room))
         b, c = self.n_running, self.total_ctx
@@ -175,6 +175,14 @@ class RolloutInstance:
         dur = self.cost.decode_span_time_s(self.model, self.tp, b, c, iters, eff)
         flops = self.cost.decode_flops(self.model, b, c, iters)
         return Segment(decode_band(b), now_s, dur, iters, b, c, b * iters, flops, share)
+
+    def _next_finish(self) -> int:
+        """The iteration at which the next running request ends its turn (stale heap entries of
+        requests taken out since are dropped first)."""
+        heap = self._heap
+        while not self._is_live(*heap[0][1:]):
+            heapq.heappop(heap)
+        return heap[0][0]
 
     def _admit(self) -> list[ReqRun]:
         admitted: list[ReqRun] = []
@@ -255,6 +263,27 @@ class RolloutInstance:
             r.prefill_tokens = r.ctx
         return res, runs
 
+    def export_some(self, count: int, *, queued_only: bool = False) -> list[ReqRun]:
+        """Take up to ``count`` unfinished requests off this instance (a rollout spreading onto
+        new ranks): queued ones first, from the back of the queue, then running ones, the most
+        recently admitted first (the least progressed: the cheapest to re-prefill) — never by
+        their lengths, which a real engine does not know. No segment may be in flight (the
+        caller cuts a decode first); with ``queued_only`` (a prefill in flight) only queued
+        requests go. Each re-prefills its whole context where it is added."""
+        out: list[ReqRun] = []
+        while self.queue and len(out) < count:
+            out.append(self.queue.pop())
+        if not queued_only:
+            while len(out) < count and self.n_running:
+                while self._stack and not self._is_live(*self._stack[-1]):
+                    self._stack.pop()
+                _, r = self._stack.pop()
+                self._remove(r)
+                out.append(r)
+        for r in out:
+            r.prefill_tokens = r.ctx
+        return out
+
     # ------------------------------------------------------------------ progress
     def finish_segment(self, seg: Segment) -> SegmentResult:
         """Apply a segment that ran to its planned end."""
@@ -281,10 +310,10 @@ class RolloutInstance:
         self.total_ctx += self.n_running * iters
         res = SegmentResult()
         heap = self._heap
-        while heap and (heap[0][0] <= self.it or not heap[0][2].running):
-            _, _, r = heapq.heappop(heap)
-            if not r.running:
-                continue
+        while heap and (heap[0][0] <= self.it or not self._is_live(*heap[0][1:])):
+            _, order, r = heapq.heappop(heap)
+            if not self._is_live(order, r):
+                continue  # stale: taken out (preempted, exported) since it was pushed
             self._end_turn(r, res)
         return res
 
