@@ -273,6 +273,37 @@ def test_export_and_import_lose_and_duplicate_nothing(mt) -> None:
     assert by_id(got) == want
 
 
+def test_a_partial_export_moves_some_and_both_sessions_finish_the_rest(mt) -> None:
+    """A rollout spreading onto a new rank exports some requests (decoding, waiting for a slot,
+    waiting for a tool): they leave the session and its engine, the others go on there; the
+    two sessions together finish every request once, as one session alone would."""
+    model, tok = mt
+    task = CalcTool(latency_s=1.0)
+    want = reference(mt, task)
+    clock = FakeClock()
+    a = session(engine(model, tok, 0.1, clock, max_num_seqs=3), tok, task, clock)
+    for ex, req in requests(tok):
+        a.add(ex, req)
+    got = []
+    while a.engine.stats.paused == 0:  # until a request waits for its tool
+        got.extend(a.run(budget_s=0.0))
+    ids = list(a._live)  # arrival order
+    waiting = next(p.request_id for p in a._pending)
+    take = {ids[-1], ids[-2], waiting, "no/such/request"}
+    unfinished = a.unfinished
+    items = a.export(take)
+    assert sorted(it.state.request_id for it in items) == sorted(take - {"no/such/request"})
+    assert a.unfinished == unfinished - len(items)
+    assert not take & set(a._live) and all(p.request_id not in take for p in a._pending)
+    assert any(it.append_ids for it in items)  # the tool-waiting one carries its result
+    b = session(engine(model, tok, 0.1, clock), tok, task, clock)
+    for item in pickle.loads(pickle.dumps(items)):
+        b.add_exported(item)
+    got += a.run() + b.run()
+    assert sorted(t.request_id for t in got) == sorted(want)  # each exactly once
+    assert by_id(got) == want
+
+
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_snapshot_resumed_elsewhere_finishes_as_the_original(mt, temperature) -> None:
     """A snapshot taken mid-run (requests decoding, waiting for a slot, waiting for a tool)

@@ -9,6 +9,7 @@ building their pipelines.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -26,7 +27,7 @@ from jigsawrl.events import PipelineFailed, SampleFinished, Span, StepFinished  
 from jigsawrl.executors.raycluster import RayExecutor, rollout_band  # noqa: E402
 from jigsawrl.experiments.real import run_real  # noqa: E402
 from jigsawrl.experiments.resolve import resolve_real  # noqa: E402
-from jigsawrl.scheduler.base import Decision, Migrate, View  # noqa: E402
+from jigsawrl.scheduler.base import Decision, Migrate, Spread, StartRollout, View  # noqa: E402
 from jigsawrl.scheduler.verl import VerlPolicy  # noqa: E402
 from jigsawrl.stages import DECODE_BANDS, Stage  # noqa: E402
 
@@ -201,6 +202,41 @@ def test_dp_rollout_migrates_long_tail(shared_ray: Any, cache: Path) -> None:
     assert {s.devices for s in events if isinstance(s, Span)
             and s.stage == Stage.ACTOR_UPDATE} == {(0,), (1,)}
     assert summary["pipeline_metrics"]["arithmetic"][0]["actor/entropy"] > 0
+
+
+class SpreadingVerl(VerlPolicy):
+    """verl-split with its rollouts started on the first device only, plus one spread onto
+    the second once the first rank reports more than two unfinished requests."""
+
+    wants_rank_progress = True
+
+    def __init__(self) -> None:
+        super().__init__("split")
+        self.done = False
+
+    def decide(self, view: View) -> Decision:
+        actions = [dataclasses.replace(a, devices=a.devices[:1]) if isinstance(a, StartRollout)
+                   else a for a in super().decide(view).actions]
+        for pv in view.pipelines:
+            for t in pv.running:
+                counts = t.unfinished_per_rank
+                if not self.done and t.stage == Stage.ROLLOUT and counts and counts[0] > 2:
+                    self.done = True
+                    actions.append(Spread(t.task_id, (1,)))
+        return Decision(tuple(actions))
+
+
+def test_a_rollout_spreads_onto_a_new_rank(shared_ray: Any, cache: Path) -> None:
+    """A rollout running on device 0 alone grows a rank on device 1: requests not started move
+    as they are, started ones are exported mid-rollout and resumed there; every sample still
+    finishes exactly once, some of them on the new rank."""
+    policy = SpreadingVerl()
+    summary, events = run_with_policy(one_pipeline_dp2(), policy, cache)
+    assert policy.done, "the rollout never reported progress"
+    check_run(summary, events, {"arithmetic": 1}, batch=4)
+    decodes = {(s.rank, s.devices) for s in events if isinstance(s, Span)
+               and s.stage in DECODE_BANDS}
+    assert decodes == {(0, (0,)), (1, (1,))}
 
 
 def test_multi_epoch_update_runs_data_parallel(shared_ray: Any, cache: Path) -> None:

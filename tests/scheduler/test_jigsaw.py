@@ -199,6 +199,12 @@ def test_bad_params_are_config_errors() -> None:
         get_policy("jigsaw", {"depth": -1})
     with pytest.raises(ConfigError):
         get_policy("jigsaw", {"bogus": 1})
+    # a parameter of the wrong type is named (a string was truthy: "maybe" turned a switch on)
+    for bad in ({"spread": "maybe"}, {"tail_tp": 1}, {"tail_requests": 1.5},
+                {"depth": True}, {"min_rollout_fraction": float("nan")}):
+        with pytest.raises(ConfigError, match=f"'{next(iter(bad))}' must be"):
+            get_policy("jigsaw", bad)
+    assert get_policy("greedy", {"min_rollout_fraction": 1}).params.min_rollout_fraction == 1
     assert replace  # keep the import used for readers extending this file
     assert Span
 

@@ -24,6 +24,7 @@ from jigsawrl.scheduler.base import (
     RunningTask,
     SetResident,
     SetShare,
+    Spread,
     StartRollout,
     StartStage,
     stage_sequence,
@@ -67,6 +68,7 @@ class Driver:
         self.cost = belief_cost
         self.state = DriverState(exp)
         self.state.can_regroup = bool(getattr(executor, "can_regroup", False))
+        self.state.can_spread = bool(getattr(executor, "can_spread", False))
         self.on_progress = on_progress
         self._events: list[Event] = []
         self._decision_times: list[float] = []
@@ -118,6 +120,8 @@ class Driver:
             return self._migrate(a)
         if isinstance(a, Regroup):
             return self._regroup(a)
+        if isinstance(a, Spread):
+            return self._spread(a)
         if isinstance(a, Interrupt):
             self._running(a.task_id)
             self.executor.interrupt(a)
@@ -193,6 +197,37 @@ class Driver:
         shares = tuple(0.0 if r in a.src_ranks else s for r, s in enumerate(task.rank_shares))
         ps.running[a.task_id] = replace(task, rank_devices=rank_devices, rank_shares=shares)
         ps.touch()
+        return 1
+
+    def _spread(self, a: Spread) -> int:
+        """Grow a running rollout by ranks on ``a.devices`` (whole groups of its TP, each within
+        a node), each holding the rollout's engine memory, as its start did."""
+        task = self._running(a.task_id)
+        if not self.state.can_spread:
+            raise InvariantError(f"{a.task_id}: this executor cannot spread a rollout")
+        if task.stage != Stage.ROLLOUT or not task.rank_devices:
+            raise InvariantError(f"{a.task_id}: only a running rollout can spread")
+        tp = len(task.devices) // len(task.rank_devices)  # whole groups, kept by every action
+        per = self.exp.config.cluster.accelerators_per_node
+        groups = [a.devices[i:i + tp] for i in range(0, len(a.devices), tp)]
+        held = {d for r, devs in enumerate(task.rank_devices) if task.rank_shares[r] > 0
+                for d in devs}  # a device a migration released may be taken again
+        if not a.devices or len(a.devices) % tp or len(set(a.devices)) != len(a.devices) or any(
+                len({d // per for d in g}) > 1 for g in groups) or set(a.devices) & held:
+            raise InvariantError(f"{a.task_id}: cannot spread onto {a.devices} (devices it does "
+                                 f"not hold, in whole groups of TP {tp}, each within a node)")
+        live = [s for s in task.rank_shares if s > 0]
+        share = live[0] if live else task.share
+        self.state.acquire(a.task_id, a.devices, share, self.state.task_mem(a.task_id))
+        ps = self._pipe_of(a.task_id)
+        ps.running[a.task_id] = replace(
+            task, devices=task.devices + a.devices,
+            rank_devices=task.rank_devices + tuple(tuple(g) for g in groups),
+            rank_shares=task.rank_shares + (share,) * len(groups))
+        ps.unfinished[a.task_id].extend([0] * len(groups))
+        ps.ctx_tokens[a.task_id].extend([0] * len(groups))
+        ps.touch()
+        self.executor.spread(a)
         return 1
 
     def _check_tp(self, a: StartRollout, heads: int) -> None:

@@ -16,6 +16,7 @@ from jigsawrl.scheduler.base import (
     Migrate,
     Regroup,
     SetShare,
+    Spread,
     StartRollout,
     StartStage,
 )
@@ -84,6 +85,11 @@ class Executor(Protocol):
     def regroup(self, action: Regroup) -> None:
         """Run a :class:`~jigsawrl.scheduler.base.Regroup` (asked only of an executor whose
         ``can_regroup`` attribute is true; the driver reads it with a False default)."""
+        ...
+
+    def spread(self, action: Spread) -> None:
+        """Run a :class:`~jigsawrl.scheduler.base.Spread` (asked only of an executor whose
+        ``can_spread`` attribute is true; the driver reads it with a False default)."""
         ...
 
     def busy(self) -> bool:

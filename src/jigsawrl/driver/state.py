@@ -125,6 +125,7 @@ class DriverState:
         self._device_views: tuple[DeviceView, ...] = ()
         self._changed: set[int] = set(range(len(self.devices)))
         self.can_regroup = False  # the executor's (Driver sets it): views tell the policy
+        self.can_spread = False  # likewise
 
     def _touch_device(self, dev: DeviceState, resident: bool = False) -> None:
         """Invalidate a device's view (after any change; ``resident``: its states moved)."""
@@ -143,7 +144,7 @@ class DriverState:
         return View(now_s, tuple(p.view() for p in self.pipes.values()),
                     self._device_views, self.exp.accelerator,
                     self.exp.config.cluster.accelerators_per_node, cost,
-                    can_regroup=self.can_regroup)
+                    can_regroup=self.can_regroup, can_spread=self.can_spread)
 
     @property
     def all_finished(self) -> bool:
@@ -198,6 +199,10 @@ class DriverState:
         for dev in devs:
             dev.shares[tid] = share
             self._touch_device(dev)
+
+    def task_mem(self, tid: str) -> float:
+        """The memory a running task holds on each of its devices (0 when it holds none)."""
+        return next((d.working[tid] for d in self.devices if tid in d.working), 0.0)
 
     def release_devices(self, tid: str, devices: tuple[int, ...]) -> None:
         """Free ``devices`` of a running task (after a migration moved its work away)."""

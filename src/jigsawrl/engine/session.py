@@ -25,7 +25,7 @@ import dataclasses
 import heapq
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -253,6 +253,10 @@ class RolloutSession:
 
     # ----------------------------------------------------------------- progress
 
+    def request_ids(self) -> list[str]:
+        """The unfinished requests' ids, in arrival order."""
+        return list(self._live)
+
     @property
     def unfinished(self) -> int:
         """Requests not finished: running or waiting in the engine, or waiting for a tool."""
@@ -283,15 +287,24 @@ class RolloutSession:
 
     # ----------------------------------------------------------------- moving requests
 
-    def export(self) -> list[ExportedRequest]:
-        """Take every unfinished request out of this session and its engine (arrival order).
+    def export(self, request_ids: Collection[str] | None = None) -> list[ExportedRequest]:
+        """Take every unfinished request — or those of ``request_ids`` still here (a rollout
+        spreading onto new ranks) — out of this session and its engine (arrival order).
 
         Running and waiting requests are aborted (their KV cache freed); a tool-waiting request
-        carries its tool result and the latency it still has to wait. The session is then empty.
+        carries its tool result and the latency it still has to wait. Ids that finished or are
+        not here are skipped. Without ``request_ids`` the session is then empty.
         """
-        items = self._exported(self.engine.abort)
-        self._live.clear()
-        self._pending.clear()
+        items = self._exported(self.engine.abort, request_ids)
+        if request_ids is None:
+            self._live.clear()
+            self._pending.clear()
+        else:
+            gone = {item.state.request_id for item in items}
+            for rid in gone:
+                del self._live[rid]
+            self._pending = [p for p in self._pending if p.request_id not in gone]
+            heapq.heapify(self._pending)
         log.debug("exported %d requests", len(items))
         return items
 
@@ -307,13 +320,17 @@ class RolloutSession:
         """
         return self._exported(self.engine.peek)
 
-    def _exported(self, take: Callable[[str], RequestState]) -> list[ExportedRequest]:
-        """Every unfinished request as an `ExportedRequest` (arrival order); ``take`` reads the
-        state of a request held by the engine (``abort`` removes it, ``peek`` does not)."""
+    def _exported(self, take: Callable[[str], RequestState],
+                  only: Collection[str] | None = None) -> list[ExportedRequest]:
+        """Every unfinished request (of ``only``, when given) as an `ExportedRequest` (arrival
+        order); ``take`` reads the state of a request held by the engine (``abort`` removes
+        it, ``peek`` does not)."""
         now = self.clock()
         pending = {p.request_id: p for p in self._pending}
         items = []
         for rid, info in self._live.items():
+            if only is not None and rid not in only:
+                continue
             p = pending.get(rid)
             state = p.state.snapshot() if p is not None and p.state is not None else take(rid)
             append, wait = ([], 0.0) if p is None else (list(p.append_ids),

@@ -25,6 +25,7 @@ from jigsawrl.scheduler.base import (
     Migrate,
     Regroup,
     SetShare,
+    Spread,
     StartRollout,
     StartStage,
     task_id,
@@ -79,6 +80,7 @@ class SimulatedExecutor:
         # Regroup needs whole-device ranks that can re-form: not on devices that run one call
         # at a time (the model of the Ray CPU workers, which cannot regroup either).
         self.can_regroup = self.sim.gates is None
+        self.can_spread = True  # new ranks of a rollout (the Ray executor runs them too)
 
     # ------------------------------------------------------------------ protocol
     @property
@@ -119,6 +121,10 @@ class SimulatedExecutor:
     def regroup(self, action: Regroup) -> None:
         """Re-form ranks into one TP group (sim/rollout_regroup.py)."""
         self.sim.regroup(action.task_id, action.src_ranks, action.dst_rank)
+
+    def spread(self, action: Spread) -> None:
+        """Grow a rollout onto new ranks (sim/rollout_spread.py)."""
+        self.sim.spread(action.task_id, action.devices)
 
     def interrupt(self, action: Interrupt) -> None:
         """Abort and resume in place every in-flight request of a rollout (AReaL on new weights)."""

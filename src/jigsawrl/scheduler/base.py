@@ -135,6 +135,21 @@ class Regroup:
 
 
 @dataclass(frozen=True, slots=True)
+class Spread:
+    """Grow a running rollout (issue 11, item 4: a rollout that started narrow can grow once
+    started): new ranks of the rollout's TP on ``devices`` (whole groups, each within a node),
+    and the rollout's queued and running requests re-dealt so that every live rank holds about
+    as many unfinished requests as the others. A moved request that had started is aborted and
+    re-prefilled (prompt and generated tokens) on its new rank, which also pays a rank's
+    set-up; requests waiting for a tool stay where their result will arrive. Which requests
+    move is chosen without their lengths (queued ones first, then the most recently admitted).
+    Only an executor whose ``can_spread`` is true accepts it."""
+
+    task_id: str
+    devices: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Interrupt:
     """AReaL's interruptible generation: abort every in-flight request of a rollout and resume it
     in place (re-prefill) — what happens when new weights arrive mid-rollout."""
@@ -156,7 +171,8 @@ class SetResident:
     bytes_per_device: float
 
 
-Action = StartRollout | StartStage | SetShare | SetResident | Migrate | Regroup | Interrupt
+Action = (StartRollout | StartStage | SetShare | SetResident | Migrate | Regroup | Spread |
+          Interrupt)
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,6 +269,7 @@ class View:
     accelerators_per_node: int
     cost: CostModelProtocol  # the belief cost model (noise-free)
     can_regroup: bool = False  # the executor runs Regroup actions (re-formed TP groups)
+    can_spread: bool = False  # the executor runs Spread actions (a rollout grows new ranks)
 
 
 # ---------------------------------------------------------------------------- registry

@@ -131,6 +131,12 @@ class SimCluster:
         self.rollouts.regroup(tid, src_ranks, dst_rank)
         self._settle()
 
+    def spread(self, tid: str, devices: tuple[int, ...]) -> None:
+        """Grow rollout ``tid`` by ranks on ``devices`` and re-deal its unfinished requests
+        (sim/rollout_spread.py)."""
+        self.rollouts.spread(tid, devices)
+        self._settle()
+
     def interrupt(self, tid: str) -> None:
         """Abort and resume in place every in-flight request of rollout ``tid``."""
         self.rollouts.interrupt(tid)

@@ -42,6 +42,12 @@ from jigsawrl.stages import Stage, decode_band
 from jigsawrl.workload.models import ModelSpec
 from jigsawrl.workload.requests import RequestTruth
 
+# Admission numbers, shared by every instance: a request taken off one instance (preempted,
+# exported) leaves heap entries behind that name its old admission, and a number that another
+# instance could hand out again would make such an entry look live. Only their order within one
+# instance matters (ties, preemption), so sharing the counter changes no result.
+_ADMISSIONS = itertools.count()
+
 
 @dataclass(slots=True, eq=False)
 class ReqRun:
@@ -106,7 +112,7 @@ class RolloutInstance:
         self._shares_prompt = cost.params.rollout_shares_prompt
         self.queue: deque[ReqRun] = deque()
         self._heap: list[tuple[int, int, ReqRun]] = []
-        self._order = itertools.count()
+        self._order = _ADMISSIONS  # unique over instances: a moved request's entries here go stale
         self._stack: list[tuple[int, ReqRun]] = []  # admission order, lazily cleaned (for preemption)
         self.n_running = 0
         self.total_ctx = 0
@@ -251,7 +257,7 @@ class RolloutInstance:
         res = SegmentResult()
         if seg is not None and seg.iters:
             res, _ = self.interrupt(seg, now_s)
-        runs = list({id(r): r for _, _, r in self._heap if r.running}.values())
+        runs = list({id(r): r for _, order, r in self._heap if self._is_live(order, r)}.values())
         for r in runs:
             self._remove(r)
         runs.sort(key=lambda r: r.admit_order)

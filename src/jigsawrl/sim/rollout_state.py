@@ -66,3 +66,4 @@ class RolloutTask:
     closed: bool = False  # done (first-B: its leftovers wait here until the next rollout)
     groups: GroupTracker | None = None  # streaming: its finished groups go to the trainer
     kv_mem_bytes: float = 0.0  # per device, reserved for KV (a regrouped rank's budget)
+    tp: int = 1  # devices of each rank as started (a spread's new ranks have as many)

@@ -5,7 +5,9 @@ Each rank runs *segments* (a prefill, a decode run at a constant batch) planned 
 the runtime schedules each segment's end, sends tool calls out and back (a tool result wakes its
 rank once per instant), re-plans a decode when its share or its devices' bandwidth contention
 (:mod:`.contention`) changes, and moves a rank's unfinished requests to another rank
-(migration: abort, then re-prefill there) or back into its own queue (interruption).
+(migration: abort, then re-prefill there) or back into its own queue (interruption); re-forms
+ranks into a wider TP group (:mod:`.rollout_regroup`) or grows the rollout onto new ranks
+(:mod:`.rollout_spread`).
 
 Consecutive segments of the same sub-stage and share on one rank merge into one span, which keeps
 traces small without losing band changes. A rank reports its unfinished count whenever it changes
@@ -28,6 +30,7 @@ from jigsawrl.sim.rollout_calls import WorkerCallsMixin
 from jigsawrl.sim.rollout_first_b import FirstBatchMixin
 from jigsawrl.sim.rollout_gates import GatedRanksMixin
 from jigsawrl.sim.rollout_regroup import RegroupMixin
+from jigsawrl.sim.rollout_spread import SpreadMixin
 from jigsawrl.sim.rollout_state import DONE_BAND, OpenSpan, RankRun, RolloutTask
 from jigsawrl.sim.stream import StreamRuntime
 from jigsawrl.stages import Stage
@@ -40,7 +43,8 @@ __all__ = ["DONE_BAND", "RolloutRuntime"]
 
 
 # GatedRanksMixin comes first: it defines _ungate, which FirstBatchMixin uses.
-class RolloutRuntime(GatedRanksMixin, FirstBatchMixin, WorkerCallsMixin, RegroupMixin):
+class RolloutRuntime(GatedRanksMixin, FirstBatchMixin, WorkerCallsMixin, RegroupMixin,
+                     SpreadMixin):
     """Runs rollout tasks on the event queue (see the module docstring).
 
     Args:
@@ -84,7 +88,7 @@ class RolloutRuntime(GatedRanksMixin, FirstBatchMixin, WorkerCallsMixin, Regroup
         streaming of finished groups into a trainer on those devices (:mod:`.stream`), or
         with ``tail_logprobs`` their log-probs on the rollout's drained devices (tail mode)."""
         kv_tokens = self.cost.kv_budget_tokens(pipe.model, tp, kv_mem_bytes)
-        task = RolloutTask(tid, pipe, step, [], first_b=first_b, kv_mem_bytes=kv_mem_bytes)
+        task = RolloutTask(tid, pipe, step, [], first_b=first_b, kv_mem_bytes=kv_mem_bytes, tp=tp)
         for r, chunk in enumerate(chunks):
             inst = RolloutInstance(f"{tid}/{r}", pipe.model, tp, self.cost,
                                    kv_budget_tokens=max(1, kv_tokens))

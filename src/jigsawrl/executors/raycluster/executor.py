@@ -78,6 +78,7 @@ from jigsawrl.scheduler.base import (
     Migrate,
     Regroup,
     SetShare,
+    Spread,
     StartRollout,
     StartStage,
     task_id,
@@ -327,6 +328,14 @@ class RayExecutor:
 
     def regroup(self, action: Regroup) -> None:
         raise NotImplementedError(f"{action.task_id}: the Ray executor cannot regroup ranks")
+
+    # A rollout grows new ranks on idle workers (Spread): its requests not started yet move as
+    # they are, started ones are exported from their rank and resumed on the new one.
+    can_spread = True
+
+    def spread(self, action: Spread) -> None:
+        """New ranks on ``action.devices``; the rollout's unfinished requests re-dealt."""
+        self.rollouts.spread(action)
 
     def interrupt(self, action: Interrupt) -> None:
         """Every rank reloads the newest weights at its next slice (AReaL's interruption)."""

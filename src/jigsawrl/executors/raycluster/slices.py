@@ -1,5 +1,5 @@
-"""Real rollouts as time slices on device workers: submission, results, migration, interruption,
-and the redispatch of a dead worker's requests.
+"""Real rollouts as time slices on device workers: submission, results, migration, spreads onto
+new ranks, interruption, and the redispatch of a dead worker's requests.
 
 What: a rollout runs as ``len(devices) // tp`` ranks; each rank advances in time slices
 (``chunk_s``) on its device's worker, and after every slice :class:`Rollouts` emits the
@@ -14,6 +14,7 @@ finishes, so that a dead worker's requests resume elsewhere (:meth:`Rollouts.red
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 import ray
@@ -23,7 +24,7 @@ from jigsawrl.events import SampleFinished
 from jigsawrl.executors.raycluster.messages import SliceRequest, SliceResult
 from jigsawrl.executors.raycluster.records import Call, CallKind, RunState
 from jigsawrl.executors.raycluster.rollouts import RankRT, RolloutRT, dispatch, request_index
-from jigsawrl.scheduler.base import Interrupt, Migrate, SetShare, StartRollout
+from jigsawrl.scheduler.base import Interrupt, Migrate, SetShare, Spread, StartRollout
 from jigsawrl.stages import Stage, decode_band
 
 log = logging.getLogger(__name__)
@@ -120,6 +121,54 @@ class Rollouts:
         if dst.done or (dst.inflight is None and dst.timer_at is not None):
             dst.done = False
             self.submit_chunk(ro, dst)
+
+    def spread(self, action: Spread) -> None:
+        """New ranks on ``action.devices`` (one per TP group; a CPU worker is one device), and
+        the rollout's unfinished requests re-dealt so that every rank holding some, and each
+        new one, holds about as many. From a rank with more than its share, rows not started
+        yet move as they are, then started ones (the last dealt first: chosen without lengths)
+        are exported after its current slice and resumed on their new rank, which re-prefills
+        them; tool-waiting ones carry their result and remaining wait."""
+        ro = self.active[action.task_id]
+        tp = len(ro.ranks[0].devices)
+        old = [r for r in ro.ranks if ro.owned_by(r.index)]
+        share = old[0].share if old else 1.0
+        now = self.state.now_s
+        new = [RankRT(len(ro.ranks) + i, action.devices[g:g + tp], share, checkpoint_at=now)
+               for i, g in enumerate(range(0, len(action.devices), tp))]
+        ro.ranks.extend(new)
+        owned = {r.index: ro.owned_by(r.index) for r in old}
+        target = math.ceil(sum(map(len, owned.values())) / (len(old) + len(new)))
+        load = {r.index: 0 for r in new}
+        for src in old:
+            rows = owned[src.index]
+            excess = len(rows) - target
+            if excess <= 0:
+                continue
+            fresh = set(src.fresh)
+            take = [i for i in reversed(src.fresh)][:excess]
+            take += sorted((i for i in rows if i not in fresh), reverse=True)[:excess - len(take)]
+            exports: dict[int, list[int]] = {}
+            for i in take:
+                dst = min(new, key=lambda r: (load[r.index], r.index))
+                load[dst.index] += 1
+                ro.owner[i] = dst.index
+                if i in fresh:
+                    src.fresh.remove(i)
+                    dst.fresh.append(i)
+                else:
+                    exports.setdefault(dst.index, []).append(i)
+            for d, rows_out in exports.items():
+                ref = self.state.devs[src.device].actor.gen_export.remote(
+                    ro.pipeline, ro.step, src.index, tuple(rows_out))
+                ro.ranks[d].incoming.append(ref)
+                self.exports[ref] = (src.index, tuple(rows_out))
+        log.debug("%s: spread onto %s, %d requests moved", ro.tid, action.devices, sum(load.values()))
+        for rank in new:
+            if rank.fresh or rank.incoming:
+                self.submit_chunk(ro, rank)
+            else:
+                rank.done = True
 
     def interrupt(self, action: Interrupt) -> None:
         """Every rank reloads the newest weights at its next slice (AReaL's interruption)."""

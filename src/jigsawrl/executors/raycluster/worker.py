@@ -152,9 +152,11 @@ class DeviceWorker:
         """One time slice of a rollout rank (:meth:`.worker_rollout.RolloutHost.run_slice`)."""
         return self.rollout.run_slice(req, weights, incoming)
 
-    def gen_export(self, name: str, step: int, rank: int) -> tuple[Resumable, ...]:
-        """Abort the rank's unfinished requests; return them with their weights versions."""
-        return self.rollout.export(name, step, rank)
+    def gen_export(self, name: str, step: int, rank: int,
+                   indices: tuple[int, ...] | None = None) -> tuple[Resumable, ...]:
+        """Abort the rank's unfinished requests (those of batch rows ``indices``, when given);
+        return them with their weights versions."""
+        return self.rollout.export(name, step, rank, indices)
 
     # ------------------------------------------------------------------ train state
     def onload(self, name: str, state: TrainState) -> MoveResult:

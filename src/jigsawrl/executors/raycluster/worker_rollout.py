@@ -8,8 +8,8 @@ What it runs (for :class:`~jigsawrl.executors.raycluster.worker.DeviceWorker`):
   for the slice's budget; the slice reports the trajectories that finished, the rank's
   unfinished count, decode width and context tokens and, when asked, a snapshot of its
   unfinished requests (the executor resumes them from it if this worker dies);
-- :meth:`RolloutHost.export`: abort a rank's unfinished requests and hand them over (long-tail
-  migration).
+- :meth:`RolloutHost.export`: abort a rank's unfinished requests, or some of them, and hand them
+  over (long-tail migration; a spread onto new ranks).
 
 Each rank has its own engine, loaded with the pipeline's newest weights on this device when the
 rank starts; it keeps them for the whole rollout (on-policy for its version) unless a slice
@@ -29,6 +29,7 @@ from jigsawrl.executors.raycluster.messages import (
     SliceResult,
     TrainState,
 )
+from jigsawrl.executors.raycluster.rollouts import request_index
 from jigsawrl.executors.raycluster.worker_pipes import LocalPipelines, wall_now
 
 log = logging.getLogger(__name__)
@@ -147,12 +148,26 @@ class RolloutHost:
             version)
         return rk
 
-    def export(self, name: str, step: int, rank: int) -> tuple[Resumable, ...]:
-        """Abort the rank's unfinished requests; return them with their weights versions."""
-        rk = self.ranks.pop((name, step, rank), None)
+    def export(self, name: str, step: int, rank: int,
+               indices: tuple[int, ...] | None = None) -> tuple[Resumable, ...]:
+        """Abort the rank's unfinished requests — or those of the batch rows ``indices`` still
+        here (a spread: the rank goes on with the others) — and return them with their
+        weights versions."""
+        key = (name, step, rank)
+        rk = self.ranks.get(key)
         if rk is None:
             return ()
-        items = rk.versioned(rk.session.export())
+        only = None
+        if indices is not None:
+            g = self.local.specs[name].group_size
+            rows = set(indices)
+            only = {rid for rid in rk.session.request_ids()
+                    if request_index(rid)[0] * g + request_index(rid)[1] in rows}
+        items = rk.versioned(rk.session.export(only))
+        if only is None or rk.session.done():
+            del self.ranks[key]
+        for item in items:
+            rk.versions.pop(item.state.request_id, None)
         log.info("device %d: exported %d requests of %s/%d rank %d", self.local.device,
                  len(items), name, step, rank)
         return items

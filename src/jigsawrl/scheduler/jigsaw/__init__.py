@@ -42,6 +42,12 @@ How it decides (every decision point; DESIGN.md §2):
    only (not a verl placement it falls back to); the simulator only (the Ray executor runs the
    rollout plain). Measured worth it where ranks drain and idle (at the configured TPs), not
    where the TP search or migration already fills those devices (docs/BENCHMARKS.md).
+   **Spreads** (``spread``, :mod:`.spread`): a running rollout grows new ranks on whole TP
+   groups that nothing else wants (every ready stage started) when the belief cost model says
+   it then ends sooner after the re-prefill of the requests it moves and the new engines'
+   wake-up — the rollout that started narrow beside other work and runs on after that work
+   finished (a rollout's width was fixed at its start before). Only where the executor can
+   (``View.can_spread``: the simulator on GPU-style pools; not the Ray CPU workers).
 5. **Look-ahead.** Candidate actions — start a ready compute stage now (paired at the chosen
    split), defer it, or start another pipeline's stage first — are scored by forecasting the next
    ``depth`` events with the belief cost model (:mod:`.forecast`); ``depth=0`` is ``greedy``.
@@ -65,6 +71,7 @@ through them in this order, predictions being asked for throughout):
 - :mod:`.residency` — the memory plan (engine KV slices) and the train states' onload/offload;
 - :mod:`.board` — the decision's board: who holds which device, at what share, memory free;
 - :mod:`.tail` — long-tail migration (4), and :mod:`.regroup`, the tail's wider TP group;
+- :mod:`.spread` — a running rollout growing onto idle devices (4);
 - :mod:`.placement` — rollout widths and devices, the devices of a compute stage (1, 2);
 - :mod:`.lookahead` and :mod:`.forecast` — scoring the candidate compute starts (5);
 - :mod:`.shares` — the compute split of every device and the share actions (3);

@@ -177,6 +177,17 @@ class Board:
         self.ranks[m.task_id] = [self.ranks[m.task_id][i] for i in keep]
         self.rank_idx[m.task_id] = [idx[i] for i in keep]
 
+    def spread_ranks(self, tid: str, groups: list[tuple[int, ...]], first: int,
+                     need: float) -> None:
+        """A spread's new ranks (numbered from ``first``) on ``groups``, ``need`` bytes per
+        device; their share is assigned with the others' (:mod:`.shares`)."""
+        self.ranks[tid] = [*self.ranks[tid], *groups]
+        self.rank_idx[tid] = [*self.rank_idx[tid], *range(first, first + len(groups))]
+        for g in groups:
+            for d in g:
+                self._put(d, tid, 0.0)
+                self.mem_free[d] -= need
+
     def regroup_ranks(self, g: Regroup) -> None:
         """A regroup's ranks become one rank on all their devices (the rollout keeps them)."""
         idx, ranks = self.rank_idx[g.task_id], self.ranks[g.task_id]

@@ -3,9 +3,21 @@ by the pieces of the planner."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, fields
 
 from jigsawrl.errors import ConfigError
+
+_KIND = {"bool": "true or false", "int": "a whole number", "float": "a finite number"}
+
+
+def _is(kind: str, value: object) -> bool:
+    """Whether ``value`` is of the parameter type named ``kind`` (bools are not numbers)."""
+    if kind == "bool":
+        return isinstance(value, bool)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return isinstance(value, int) if kind == "int" else math.isfinite(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +50,9 @@ class JigsawParams:
             simulator's ``sim/stream.py`` tail mode; the Ray executor runs the rollout plain);
             the post-rollout passes then cover only the rest. Off by default: an option, as
             issue 11 item 4 asks.
+        spread: a running rollout grows onto whole TP groups nobody else wants when the belief
+            cost model says it then ends sooner (:mod:`.spread`; only where the executor can;
+            off: the ablation).
 
     Raises:
         ConfigError: a depth below 0, or a count below 1.
@@ -57,8 +72,15 @@ class JigsawParams:
     tail_tp: bool = True
     tp_search: bool = True
     tail_logprobs: bool = False
+    spread: bool = True
 
     def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not _is(f.type, value):
+                raise ConfigError(f"scheduler parameter {f.name!r} must be {_KIND[f.type]}, "
+                                  f"got {value!r}", where=f"scheduler.params.{f.name}",
+                                  fix=f"set it to {_KIND[f.type]} (default {f.default!r})")
         if (self.depth < 0 or self.max_colocated < 1 or self.tail_batch < 1
                 or self.max_train_states < 1):
             raise ConfigError("depth >= 0, max_colocated >= 1, tail_batch >= 1 and "

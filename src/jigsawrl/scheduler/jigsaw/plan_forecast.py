@@ -20,7 +20,9 @@ The passes run as the placement runs them: on the devices no rollout holds, at f
 that is at least as fast as sharing every device beside the decodes (rate ``1 / slowdown``), else
 on every device, slowing the decodes to their share's rate. Simplification: a rollout holds its
 devices until its last rank finishes (migration's early release of drained ranks is not
-modelled), which makes the forecast pessimistic for plans that leave training free devices.
+modelled), which makes the forecast pessimistic for plans that leave training free devices;
+nor does a rollout grow onto devices others left idle (:mod:`.spread`), which makes it
+pessimistic for plans whose last steps start narrow.
 """
 
 from __future__ import annotations

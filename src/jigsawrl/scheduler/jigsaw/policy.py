@@ -31,6 +31,7 @@ from jigsawrl.scheduler.jigsaw.prediction import StepPredictions
 from jigsawrl.scheduler.jigsaw.regroup import placed_replay
 from jigsawrl.scheduler.jigsaw.residency import Residency
 from jigsawrl.scheduler.jigsaw.shares import ShareAssigner
+from jigsawrl.scheduler.jigsaw.spread import TailSpread
 from jigsawrl.scheduler.jigsaw.tail import TailMigration
 from jigsawrl.scheduler.jigsaw.tp_search import TPChoice, search_tp
 from jigsawrl.scheduler.rollout_tp import retp_view
@@ -65,13 +66,13 @@ class JigsawPolicy(PolicyBase):
                  history_window: int = 3, min_rollout_fraction: float = 0.5,
                  max_train_states: int = 1, plan_widths: bool = True, fallback: bool = True,
                  tail_tp: bool = True, tp_search: bool = True, tail_logprobs: bool = False,
-                 name: str = "jigsaw") -> None:
+                 spread: bool = True, name: str = "jigsaw") -> None:
         self.params = JigsawParams(
             depth=depth, migration=migration, dynamic_shares=dynamic_shares,
             max_colocated=max_colocated, tail_requests=tail_requests, tail_batch=tail_batch,
             history_window=history_window, min_rollout_fraction=min_rollout_fraction,
             max_train_states=max_train_states, plan_widths=plan_widths, fallback=fallback,
-            tail_tp=tail_tp, tp_search=tp_search, tail_logprobs=tail_logprobs)
+            tail_tp=tail_tp, tp_search=tp_search, tail_logprobs=tail_logprobs, spread=spread)
         self.name = name
         self.tp: TPChoice | None = None  # the rollout TPs searched at the first decision
         self._specs: dict[str, PipelineSpec] = {}  # pipeline -> its spec at those TPs
@@ -83,6 +84,7 @@ class JigsawPolicy(PolicyBase):
         self.placement = Placement(self.params, self.residency, self.predictions, self.planner)
         self.lookahead = LookAhead(depth, self.predictions)
         self.tail = TailMigration(self.params, self.residency, self.predictions)
+        self.spread = TailSpread(self.params, self.residency, self.planner, self.predictions)
         self.shares = ShareAssigner(dynamic_shares, self.predictions.urgency)
         self._boards = BoardCache()
         self._deferred = False  # the last decision's look-ahead held back a ready pass
@@ -92,7 +94,8 @@ class JigsawPolicy(PolicyBase):
         """What ran (jigsaw's plan or the verl placement it fell back to) and the predicted
         makespans it chose between; what the look-ahead did (issue 11 item 3)."""
         out: dict[str, Any] = {"lookahead": asdict(self.lookahead.stats),
-                               "regroups": self.tail.regroup.count}
+                               "regroups": self.tail.regroup.count,
+                               "spreads": self.spread.count}
         if self.choice is not None:
             out["plan"] = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
                            for k, v in asdict(self.choice).items()}
@@ -118,7 +121,8 @@ class JigsawPolicy(PolicyBase):
         if self.params.migration:
             actions += self.tail.migrate(view, board)
         starts = self._choose_starts(view, board)
-        actions += self.shares.share_actions(view, board, starts)
+        spreads = self.spread.plan(view, board, urgent)
+        actions += self.shares.share_actions(view, board, starts, spreads)
         self._acted = bool(actions)
         return Decision(tuple(actions))
 

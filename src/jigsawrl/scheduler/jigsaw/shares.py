@@ -10,7 +10,7 @@ split what is left, equally or (two of them) at the levels maximising their urge
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import lru_cache
 
@@ -103,9 +103,11 @@ class ShareAssigner:
         self._memo: tuple[object, tuple[tuple[str, float], ...], Shares, list[Action],
                           list[Action]] | None = None
 
-    def share_actions(self, view: View, b: Board, starts: list[Action]) -> list[Action]:
-        """Assign every device's split, then emit decreases, starts, increases (in that order,
-        so the driver never sees a device over its compute).
+    def share_actions(self, view: View, b: Board, starts: list[Action],
+                      grows: Sequence[Action] = ()) -> list[Action]:
+        """Assign every device's split, then emit decreases, starts, ``grows`` (spreads of
+        running rollouts onto idle devices), increases (in that order, so the driver never
+        sees a device over its compute).
 
         The splits and changes of a board no claim changed are those of the last decision on
         the same placement (``Board.token``) when the urgencies they weighed are the same: they
@@ -117,7 +119,7 @@ class ShareAssigner:
             if all(self.urgency(view, pvs[name]) == w for name, w in memo[1]):
                 self.weighed = bool(memo[1])
                 _, _, want, down, up = memo
-                return down + [with_share(a, want) for a in starts] + up
+                return down + [with_share(a, want) for a in starts] + list(grows) + up
         used: dict[str, float] = {}
         want = self.assign(view, b, used)
         self.weighed = bool(used)
@@ -134,7 +136,7 @@ class ShareAssigner:
                 (down if change[1] < change[2] else up).append(change[0])
         self._memo = None if b.dirty or b.token is None else (
             b.token, tuple(used.items()), want, list(down), list(up))
-        return down + starts + up
+        return down + starts + list(grows) + up
 
     @staticmethod
     def _changes(b: Board, t: RunningTask,
@@ -144,10 +146,13 @@ class ShareAssigner:
             new = min(shares.values())
             return [(SetShare(t.task_id, new), new, t.share)] if abs(new - t.share) > 1e-9 else []
         out = []
-        for r in b.rank_idx[t.task_id]:
-            devs = t.rank_devices[r]
+        known = len(t.rank_devices)
+        for i, r in enumerate(b.rank_idx[t.task_id]):
+            # a rank a spread adds in this decision starts at the share of the first live one
+            devs = t.rank_devices[r] if r < known else b.ranks[t.task_id][i]
             new = shares[devs[0]] if len(devs) == 1 else min(shares[d] for d in devs)
-            old = t.rank_shares[r]
+            old = t.rank_shares[r] if r < known else next(
+                (s for s in t.rank_shares if s > 0), t.share)
             if abs(new - old) > 1e-9:
                 out.append((SetShare(t.task_id, new, rank=r), new, old))
         return out
