@@ -31,11 +31,17 @@ $(VENV)/.real: $(VENV)/.core
 	touch $@
 
 # This CPU's sub-stage costs at one thread per logical device (what `run --ray` maps a device
-# to), measured once (~30 s); the demo's predictions use it.
+# to), measured (~75 s); the demo's predictions use it. A profile older than PROFILE_MAX_AGE_MIN
+# minutes is measured again: a VM's speed drifts, and a profile 63 minutes old predicted the
+# real bench 43-57% off where a fresh one was within 9% (docs/BENCHMARKS.md, "Rollouts that
+# grow once started").
+PROFILE_MAX_AGE_MIN ?= 60
 profiles/cpu.yaml: | $(VENV)/.real
 	$(VENV)/bin/jigsawrl profile --threads 1 --out $@
 
-demo: $(VENV)/.real profiles/cpu.yaml
+demo: $(VENV)/.real
+	@find profiles/cpu.yaml -mmin +$(PROFILE_MAX_AGE_MIN) -delete 2>/dev/null || true
+	$(MAKE) profiles/cpu.yaml
 	$(VENV)/bin/jigsawrl run configs/real/demo.yaml --ray --out runs/demo
 
 sim-demo: $(VENV)/.core
