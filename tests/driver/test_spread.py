@@ -7,8 +7,8 @@ from dataclasses import replace
 import pytest
 from test_loop import FixedExecutor, experiment
 from test_migration import samples
+from test_regroup import run
 
-from jigsawrl.driver.loop import Driver
 from jigsawrl.driver.state import InvariantError
 from jigsawrl.events import Span, StepFinished
 from jigsawrl.scheduler import Decision, get_policy
@@ -44,12 +44,6 @@ class NoSpreadExecutor(FixedExecutor):
     def __init__(self, *a, **kw) -> None:  # noqa: ANN002, ANN003
         super().__init__(*a, **kw)
         self.can_spread = False
-
-
-def run(policy, lengths, fake_cost, executor=FixedExecutor, devices=2):  # noqa: ANN001, ANN201
-    exp = experiment(devices=devices)
-    ex = executor(exp, truth_cost=fake_cost, seed=0, lengths=lengths)
-    return Driver(exp, policy, ex, fake_cost).run()
 
 
 def test_spread_moves_the_latest_admitted_request_to_the_new_rank(fake_cost) -> None:  # noqa: ANN001
