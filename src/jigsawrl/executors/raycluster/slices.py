@@ -141,34 +141,40 @@ class Rollouts:
         target = math.ceil(sum(map(len, owned.values())) / (len(old) + len(new)))
         load = {r.index: 0 for r in new}
         for src in old:
-            rows = owned[src.index]
-            excess = len(rows) - target
-            if excess <= 0:
-                continue
-            fresh = set(src.fresh)
-            take = [i for i in reversed(src.fresh)][:excess]
-            take += sorted((i for i in rows if i not in fresh), reverse=True)[:excess - len(take)]
-            exports: dict[int, list[int]] = {}
-            for i in take:
-                dst = min(new, key=lambda r: (load[r.index], r.index))
-                load[dst.index] += 1
-                ro.owner[i] = dst.index
-                if i in fresh:
-                    src.fresh.remove(i)
-                    dst.fresh.append(i)
-                else:
-                    exports.setdefault(dst.index, []).append(i)
-            for d, rows_out in exports.items():
-                ref = self.state.devs[src.device].actor.gen_export.remote(
-                    ro.pipeline, ro.step, src.index, tuple(rows_out))
-                ro.ranks[d].incoming.append(ref)
-                self.exports[ref] = (src.index, tuple(rows_out))
-        log.debug("%s: spread onto %s, %d requests moved", ro.tid, action.devices, sum(load.values()))
+            excess = len(owned[src.index]) - target
+            if excess > 0:
+                self._deal_out(ro, src, owned[src.index], excess, new, load)
+        log.debug("%s: spread onto %s, %d requests moved", ro.tid, action.devices,
+                  sum(load.values()))
         for rank in new:
             if rank.fresh or rank.incoming:
                 self.submit_chunk(ro, rank)
             else:
                 rank.done = True
+
+    def _deal_out(self, ro: RolloutRT, src: RankRT, rows: list[int], excess: int,
+                  new: list[RankRT], load: dict[int, int]) -> None:
+        """``excess`` of ``src``'s ``rows`` to the least loaded of the ``new`` ranks: not
+        started ones first (from the end of its queue), then started ones (the last dealt
+        first), which one partial export per destination takes off the source's worker."""
+        fresh = set(src.fresh)
+        take = list(reversed(src.fresh))[:excess]
+        take += sorted((i for i in rows if i not in fresh), reverse=True)[:excess - len(take)]
+        exports: dict[int, list[int]] = {}
+        for i in take:
+            dst = min(new, key=lambda r: (load[r.index], r.index))
+            load[dst.index] += 1
+            ro.owner[i] = dst.index
+            if i in fresh:
+                src.fresh.remove(i)
+                dst.fresh.append(i)
+            else:
+                exports.setdefault(dst.index, []).append(i)
+        for d, out in exports.items():
+            ref = self.state.devs[src.device].actor.gen_export.remote(
+                ro.pipeline, ro.step, src.index, tuple(out))
+            ro.ranks[d].incoming.append(ref)
+            self.exports[ref] = (src.index, tuple(out))
 
     def interrupt(self, action: Interrupt) -> None:
         """Every rank reloads the newest weights at its next slice (AReaL's interruption)."""
