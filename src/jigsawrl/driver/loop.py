@@ -208,21 +208,18 @@ class Driver:
         if task.stage != Stage.ROLLOUT or not task.rank_devices:
             raise InvariantError(f"{a.task_id}: only a running rollout can spread")
         tp = len(task.devices) // len(task.rank_devices)  # whole groups, kept by every action
-        per = self.exp.config.cluster.accelerators_per_node
-        groups = [a.devices[i:i + tp] for i in range(0, len(a.devices), tp)]
+        groups = self._tp_groups(a.devices, tp)
         held = {d for r, devs in enumerate(task.rank_devices) if task.rank_shares[r] > 0
                 for d in devs}  # a device a migration released may be taken again
-        if not a.devices or len(a.devices) % tp or len(set(a.devices)) != len(a.devices) or any(
-                len({d // per for d in g}) > 1 for g in groups) or set(a.devices) & held:
+        if groups is None or len(set(a.devices)) != len(a.devices) or set(a.devices) & held:
             raise InvariantError(f"{a.task_id}: cannot spread onto {a.devices} (devices it does "
                                  f"not hold, in whole groups of TP {tp}, each within a node)")
-        live = [s for s in task.rank_shares if s > 0]
-        share = live[0] if live else task.share
+        share = task.live_share
         self.state.acquire(a.task_id, a.devices, share, self.state.task_mem(a.task_id))
         ps = self._pipe_of(a.task_id)
         ps.running[a.task_id] = replace(
             task, devices=task.devices + a.devices,
-            rank_devices=task.rank_devices + tuple(tuple(g) for g in groups),
+            rank_devices=task.rank_devices + tuple(groups),
             rank_shares=task.rank_shares + (share,) * len(groups))
         ps.unfinished[a.task_id].extend([0] * len(groups))
         ps.ctx_tokens[a.task_id].extend([0] * len(groups))
@@ -233,13 +230,20 @@ class Driver:
     def _check_tp(self, a: StartRollout, heads: int) -> None:
         """A rollout's devices are whole TP groups, each within a node, the TP dividing the
         model's heads (a policy may choose another TP than the config's)."""
-        per = self.exp.config.cluster.accelerators_per_node
-        groups = [a.devices[i:i + a.tp] for i in range(0, len(a.devices), a.tp)]
-        if a.tp < 1 or not a.devices or len(a.devices) % a.tp or heads % a.tp or any(
-                len({d // per for d in g}) > 1 for g in groups):
+        if a.tp < 1 or heads % a.tp or self._tp_groups(a.devices, a.tp) is None:
             raise InvariantError(f"{a.pipeline}/{a.step}/rollout: {len(a.devices)} device(s) "
                                  f"cannot form TP groups of {a.tp} (whole groups, each within "
                                  f"a node, dividing the model's {heads} heads)")
+
+    def _tp_groups(self, devices: tuple[int, ...], tp: int) -> list[tuple[int, ...]] | None:
+        """``devices`` cut into groups of ``tp``; None unless they are whole groups (at least
+        one), each within a node."""
+        per = self.exp.config.cluster.accelerators_per_node
+        groups = [devices[i:i + tp] for i in range(0, len(devices), tp)]
+        if not devices or len(devices) % tp or any(len({d // per for d in g}) > 1
+                                                    for g in groups):
+            return None
+        return groups
 
     def _launch(self, a: StartRollout | StartStage) -> int:
         stage = Stage.ROLLOUT if isinstance(a, StartRollout) else a.stage

@@ -196,6 +196,12 @@ class RunningTask:
     rank_shares: tuple[float, ...] = ()  # rollout only: share of each rank (0 = released)
     ctx_tokens_per_rank: tuple[int, ...] = ()  # rollout only: KV context held per rank
 
+    @property
+    def live_share(self) -> float:
+        """The share of its first live rank (its own for a task without ranks): what a rank a
+        :class:`Spread` adds starts at."""
+        return next((s for s in self.rank_shares if s > 0), self.share)
+
 
 @dataclass(frozen=True, slots=True)
 class PipelineView:

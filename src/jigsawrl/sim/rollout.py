@@ -226,11 +226,17 @@ class RolloutInstance:
         flops = self.cost.prefill_flops(self.model, new, ctx, num_seqs=n)
         return Segment(Stage.PREFILL, now_s, dur, 0, len(admitted), ctx, new, flops, share)
 
-    def _preempt(self) -> None:
-        while self._stack and not self._is_live(*self._stack[-1]):
+    def _take_latest(self) -> ReqRun:
+        """Take the most recently admitted running request out (stale stack entries of
+        requests taken out since are dropped first)."""
+        while not self._is_live(*self._stack[-1]):
             self._stack.pop()
-        _, victim = self._stack.pop()
-        self._remove(victim)
+        _, r = self._stack.pop()
+        self._remove(r)
+        return r
+
+    def _preempt(self) -> None:
+        victim = self._take_latest()
         victim.prefill_tokens = victim.ctx
         self.queue.appendleft(victim)
         self.preemptions += 1
@@ -281,11 +287,7 @@ class RolloutInstance:
             out.append(self.queue.pop())
         if not queued_only:
             while len(out) < count and self.n_running:
-                while self._stack and not self._is_live(*self._stack[-1]):
-                    self._stack.pop()
-                _, r = self._stack.pop()
-                self._remove(r)
-                out.append(r)
+                out.append(self._take_latest())
         for r in out:
             r.prefill_tokens = r.ctx
         return out

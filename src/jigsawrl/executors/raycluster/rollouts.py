@@ -154,6 +154,13 @@ def request_index(request_id: str) -> tuple[int, int]:
     return int(parts[1]), int(parts[2])
 
 
+def request_row(request_id: str, group_size: int) -> int:
+    """The batch row of a request id (``prompt * group_size + sample``): how the executor
+    numbers a rollout's requests."""
+    prompt, sample = request_index(request_id)
+    return prompt * group_size + sample
+
+
 def shard_bounds(num_rows: int, num_shards: int) -> list[tuple[int, int]]:
     """Contiguous ``(start, stop)`` row ranges of ``num_shards`` near-equal shards (the rows of
     a data-parallel log-prob or update stage, one shard per worker)."""

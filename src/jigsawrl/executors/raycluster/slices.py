@@ -23,7 +23,7 @@ from jigsawrl.driver.protocol import RankProgress, TaskDone
 from jigsawrl.events import SampleFinished
 from jigsawrl.executors.raycluster.messages import SliceRequest, SliceResult
 from jigsawrl.executors.raycluster.records import Call, CallKind, RunState
-from jigsawrl.executors.raycluster.rollouts import RankRT, RolloutRT, dispatch, request_index
+from jigsawrl.executors.raycluster.rollouts import RankRT, RolloutRT, dispatch, request_row
 from jigsawrl.scheduler.base import Interrupt, Migrate, SetShare, Spread, StartRollout
 from jigsawrl.stages import Stage, decode_band
 
@@ -206,15 +206,13 @@ class Rollouts:
         self.state.span(call, rollout_band(res.width if res.tokens else 0), res, rank.index)
         t_end = self.state.run_time(res.t_end)
         for traj, version in zip(res.trajectories, res.versions, strict=True):
-            prompt, sample = request_index(traj.request_id)
-            if ro.finished(prompt * g + sample, traj, version):
+            if ro.finished(request_row(traj.request_id, g), traj, version):
                 self.state.events.append(SampleFinished(
                     ro.pipeline, ro.step, traj.request_id, t_end, len(traj.prompt_ids),
                     len(traj.response_ids), 1 + traj.num_tool_calls, version,
                     int(sum(traj.response_mask))))
         for item, version in res.checkpoint:
-            prompt, sample = request_index(item.state.request_id)
-            ro.keep_checkpoint(prompt * g + sample, item, version)
+            ro.keep_checkpoint(request_row(item.state.request_id, g), item, version)
         self._after_chunk(ro, rank, res)
 
     def _after_chunk(self, ro: RolloutRT, rank: RankRT, res: SliceResult) -> None:

@@ -29,7 +29,7 @@ from jigsawrl.executors.raycluster.messages import (
     SliceResult,
     TrainState,
 )
-from jigsawrl.executors.raycluster.rollouts import request_index
+from jigsawrl.executors.raycluster.rollouts import request_row
 from jigsawrl.executors.raycluster.worker_pipes import LocalPipelines, wall_now
 
 log = logging.getLogger(__name__)
@@ -161,8 +161,7 @@ class RolloutHost:
         if indices is not None:
             g = self.local.specs[name].group_size
             rows = set(indices)
-            only = {rid for rid in rk.session.request_ids()
-                    if request_index(rid)[0] * g + request_index(rid)[1] in rows}
+            only = {rid for rid in rk.session.request_ids() if request_row(rid, g) in rows}
         items = rk.versioned(rk.session.export(only))
         if only is None or rk.session.done():
             del self.ranks[key]

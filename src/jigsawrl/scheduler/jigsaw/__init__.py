@@ -47,7 +47,7 @@ How it decides (every decision point; DESIGN.md §2):
    it then ends sooner after the re-prefill of the requests it moves and the new engines'
    wake-up — the rollout that started narrow beside other work and runs on after that work
    finished (a rollout's width was fixed at its start before). Only where the executor can
-   (``View.can_spread``: the simulator on GPU-style pools; not the Ray CPU workers).
+   (``View.can_spread``: the simulator and the Ray executor both do).
 5. **Look-ahead.** Candidate actions — start a ready compute stage now (paired at the chosen
    split), defer it, or start another pipeline's stage first — are scored by forecasting the next
    ``depth`` events with the belief cost model (:mod:`.forecast`); ``depth=0`` is ``greedy``.

@@ -151,8 +151,7 @@ class ShareAssigner:
             # a rank a spread adds in this decision starts at the share of the first live one
             devs = t.rank_devices[r] if r < known else b.ranks[t.task_id][i]
             new = shares[devs[0]] if len(devs) == 1 else min(shares[d] for d in devs)
-            old = t.rank_shares[r] if r < known else next(
-                (s for s in t.rank_shares if s > 0), t.share)
+            old = t.rank_shares[r] if r < known else t.live_share
             if abs(new - old) > 1e-9:
                 out.append((SetShare(t.task_id, new, rank=r), new, old))
         return out

@@ -71,8 +71,8 @@ class TailSpread:
         """A spread of the first rollout in ``order`` (most urgent first) that gains from it,
         claimed on the board; [] when none does."""
         if not (self.params.spread and view.can_spread) or self.residency.tight or \
-                self._wanted(view, b):
-            return []
+                all(b.count(d) for d in range(len(view.devices))) or self._wanted(view, b):
+            return []  # (most decisions: no device is idle)
         for pv in order:
             for t in pv.running:
                 if t.stage != Stage.ROLLOUT or t.task_id not in b.ranks:
@@ -150,7 +150,8 @@ class TailSpread:
             return None
         timer = self.planner.timer
         width = len(t.devices)
-        remaining = timer.gen_s(view, pv, width) - (view.now_s - t.start_s)
+        gen = timer.gen_s(view, pv, width)
+        remaining = gen - (view.now_s - t.start_s)
         if remaining <= 0:
             return None
         ranks = len(live) + add
@@ -162,8 +163,7 @@ class TailSpread:
         each, each_ctx = max(1, math.ceil(total / ranks)), max(1, math.ceil(total_ctx / ranks))
         # the slowest rank after: an old one (a regrouped rank is wider) or a new one
         after = max(cost.decode_iter_time_s(m, g, each, each_ctx) for g in {*rank_tp.values(), tp})
-        speedup = max(after / before, timer.gen_s(view, pv, width + add * tp) /
-                      max(1e-9, timer.gen_s(view, pv, width)))
+        speedup = max(after / before, timer.gen_s(view, pv, width + add * tp) / max(1e-9, gen))
         moved = max(1, math.ceil(total_ctx / ranks))  # per new rank
         extra = cost.weight_sync_time_s(m, tp, tp) + cost.prefill_time_s(
             m, tp, moved, 0, 1.0, num_seqs=max(1, math.ceil(total / ranks)))
