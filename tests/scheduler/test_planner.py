@@ -103,6 +103,23 @@ def test_more_width_shortens_a_rollout_and_multi_turn_keeps_its_turns() -> None:
     assert len(as_turns(aime, 3000)) > 1 and len(as_turns(math_pv, 3000)) == 1
 
 
+def test_a_width_off_the_ladder_is_interpolated_between_its_neighbours() -> None:
+    """gen_s_near: exact on a ladder width (the same number gen_s gives); between two, between
+    their times (linear in 1 / width) without a replay of its own."""
+    view = first_view(cfg(("math",), devices=64))
+    pv = view.pipelines[0]
+    timer = WidthTimer(3, 20e9)
+    ladder = width_ladder(64, 1)
+    assert 5 not in ladder and 4 in ladder and 6 in ladder
+    assert timer.gen_s_near(view, pv, 4) == timer.gen_s(view, pv, 4)
+    lo, hi = timer.gen_s(view, pv, 4), timer.gen_s(view, pv, 6)
+    cached = len(timer._gen)
+    mid = timer.gen_s_near(view, pv, 5)
+    assert len(timer._gen) == cached  # no new replay
+    assert min(lo, hi) <= mid <= max(lo, hi)
+    assert mid == pytest.approx(lo + (1 / 4 - 1 / 5) / (1 / 4 - 1 / 6) * (hi - lo))
+
+
 def test_predicted_requests_are_the_history_predictors_longest_first() -> None:
     """The timer builds its requests from the predictor's lengths (turns cached per total):
     the same requests as the predictor's, split into turns and sorted longest first."""

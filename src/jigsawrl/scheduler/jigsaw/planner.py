@@ -182,7 +182,7 @@ class WidthPlanner:
         rolling_s = None
         if rolling:
             t = rolling[0]
-            rolling_s = max(0.0, timer.gen_s(view, pv, len(t.devices)) - (view.now_s - t.start_s))
+            rolling_s = max(0.0, timer.gen_s_near(view, pv, len(t.devices)) - (view.now_s - t.start_s))
         left = pv.spec.steps - step
         return PlanPipe(pv.name, max(1, math.ceil(left * scale)), gen, width, wider,
                         lambda w: timer.gen_s(view, pv, w), reward,

@@ -26,10 +26,12 @@ When it spreads (each decision, after the starts; at most one rollout per decisi
 - the predicted gain beats a margin. Predicted remaining seconds: the width planner's time of
   the rollout at the width it started with, less its elapsed time (an overrun rollout is not
   spread: its remaining time is unknown). After the spread they are scaled by the slower of two
-  speed-ups — the planner's time at the wider width over that at the old one, and one decode
-  iteration of the busiest rank before over one of an even share after on the slowest rank
-  (the new ranks have the rollout's TP; a regrouped old one is wider) — and the re-prefill of
-  the moved contexts and a new engine's wake-up are added. Never a sampled length.
+  speed-ups — the planner's time at the wider width over that at the old one (off its
+  ladder, interpolated between two of its widths: :meth:`~.widths.WidthTimer.gen_s_near`,
+  no replay of its own), and one decode iteration of the busiest rank before over one of an
+  even share after on the slowest rank (the new ranks have the rollout's TP; a regrouped old
+  one is wider) — and the re-prefill of the moved contexts and a new engine's wake-up are
+  added; the second, cheap, is checked first. Never a sampled length.
 """
 
 from __future__ import annotations
@@ -123,7 +125,7 @@ class TailSpread:
     def _rollout_s(self, view: View, pv: PipelineView, t: RunningTask | None) -> float:
         """A running rollout's predicted seconds at its width (0: not running, or no plan)."""
         timer = self.planner.timer
-        return 0.0 if t is None or timer is None else timer.gen_s(view, pv, len(t.devices))
+        return 0.0 if t is None or timer is None else timer.gen_s_near(view, pv, len(t.devices))
 
     def _idle_groups(self, view: View, b: Board, tp: int, need: float) -> list[tuple[int, ...]]:
         per = view.accelerators_per_node
@@ -150,7 +152,7 @@ class TailSpread:
             return None
         timer = self.planner.timer
         width = len(t.devices)
-        gen = timer.gen_s(view, pv, width)
+        gen = timer.gen_s_near(view, pv, width)
         remaining = gen - (view.now_s - t.start_s)
         if remaining <= 0:
             return None
@@ -163,13 +165,16 @@ class TailSpread:
         each, each_ctx = max(1, math.ceil(total / ranks)), max(1, math.ceil(total_ctx / ranks))
         # the slowest rank after: an old one (a regrouped rank is wider) or a new one
         after = max(cost.decode_iter_time_s(m, g, each, each_ctx) for g in {*rank_tp.values(), tp})
-        speedup = max(after / before, timer.gen_s(view, pv, width + add * tp) / max(1e-9, gen))
         moved = max(1, math.ceil(total_ctx / ranks))  # per new rank
         extra = cost.weight_sync_time_s(m, tp, tp) + cost.prefill_time_s(
             m, tp, moved, 0, 1.0, num_seqs=max(1, math.ceil(total / ranks)))
+        margin = max(MIN_GAIN_S, GAIN_MARGIN * remaining)
+        if remaining * (1.0 - after / before) - extra < margin:
+            return None  # not even the decode speed-up alone pays (no replay asked)
+        speedup = max(after / before, timer.gen_s_near(view, pv, width + add * tp) / max(1e-9, gen))
         after_s = remaining * speedup + extra
         gain = remaining - after_s
-        if gain < max(MIN_GAIN_S, GAIN_MARGIN * remaining) or after_s > min(
+        if gain < margin or after_s > min(
                 (self._needs_devices_in(view, q) for q in view.pipelines
                  if q.name != pv.name and not q.finished), default=math.inf):
             return None

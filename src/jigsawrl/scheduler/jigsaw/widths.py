@@ -151,6 +151,25 @@ class WidthTimer:
             self._gen[key] = prior
         return self._gen[key]
 
+    def gen_s_near(self, view: View, pv: PipelineView, width: int) -> float:
+        """:meth:`gen_s` on a width of the planner's ladder (:func:`width_ladder`); between two
+        of its widths, interpolated linearly in 1 / width between them.
+
+        Why: a rollout that grew (a spread) or shrank (a consolidation) runs on a width off the
+        ladder, and asking :meth:`gen_s` for it is a replay of its own (5-95 ms at 128 GPUs ×
+        16 pipelines; the spread planner asked for one on most of its decisions). A rollout's
+        time falls about as 1 / width between two ladder widths (its work divided, its tail
+        not), so the interpolation is close where the ladder is dense (every group count up
+        to 4) and a simplification beyond, where the ladder steps by × 1.5."""
+        ladder = width_ladder(len(view.devices), pv.spec.rollout_tp)
+        if width in ladder or width < ladder[0] or width > ladder[-1]:
+            return self.gen_s(view, pv, width)
+        hi = next(w for w in ladder if w > width)
+        lo = max(w for w in ladder if w < width)
+        frac = (1.0 / lo - 1.0 / width) / (1.0 / lo - 1.0 / hi)
+        at_lo, at_hi = self.gen_s(view, pv, lo), self.gen_s(view, pv, hi)
+        return at_lo + frac * (at_hi - at_lo)
+
     def _prior(self, pv: PipelineView) -> tuple[list[RequestTruth], list[RequestTruth]]:
         """The task preset's quantile requests of one step, as made and longest first."""
         got = self._priors.get(pv.name)
