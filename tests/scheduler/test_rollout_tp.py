@@ -95,13 +95,23 @@ def test_verl_baseline_reports_a_scaled_tp_when_it_wins() -> None:
 def test_search_runs_the_tp_predicted_soonest_the_config_tp_on_a_tie() -> None:
     view = view_of(cfg(n=2, devices=8, model="qwen3-4b"))
     by_tp = {1: 100.0, 2: 98.0, 4: 99.0, 8: 99.5}
-    choice = search_tp(view, lambda v: by_tp[v.pipelines[0].spec.rollout_tp])
+    excess = {1: 0.0, 2: 0.0, 4: 0.0, 8: 0.0}
+
+    def plan(v: View) -> tuple[float, float]:
+        tp = v.pipelines[0].spec.rollout_tp
+        return excess[tp], by_tp[tp]
+    choice = search_tp(view, plan)
     assert choice.tps == {"p0": 2, "p1": 2}
     assert choice.predicted_s == {"tp1": 100.0, "tp2": 98.0, "tp4": 99.0, "tp8": 99.5}
+    assert choice.excess == {}
+    excess.update({2: 0.3, 4: 0.1})  # over a latency bound: the soonest within them wins
+    choice = search_tp(view, plan)
+    assert choice.tps == {"p0": 8, "p1": 8} and choice.excess == {"tp2": 0.3, "tp4": 0.1}
+    excess.update({2: 0.0, 4: 0.0})
     by_tp.update({2: 100.0, 4: 100.0, 8: 100.0})  # a tie: the config's TP stays
-    assert search_tp(view, lambda v: by_tp[v.pipelines[0].spec.rollout_tp]).tps == {}
+    assert search_tp(view, plan).tps == {}
     by_tp.update({1: math.inf, 2: math.inf, 4: math.inf, 8: math.inf})
-    assert search_tp(view, lambda v: by_tp[v.pipelines[0].spec.rollout_tp]).tps == {}
+    assert search_tp(view, plan).tps == {}
 
 
 def test_jigsaw_runs_the_tp_it_predicts_soonest_and_reports_it() -> None:

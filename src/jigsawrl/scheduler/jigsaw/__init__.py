@@ -56,6 +56,9 @@ How it decides (every decision point; DESIGN.md §2):
    sees sampled lengths.
 7. **Fairness.** Pipelines carry ``latency_weight``; a pipeline whose current step runs later than
    its predicted solo time (or nears ``max_latency_ratio``) gains urgency, so none starves.
+   A pipeline's ``max_latency_ratio`` also ranks every plan (rollout TPs, widths, the verl
+   fallback) by how far its predicted step latencies exceed the bounds, before the makespan
+   (:mod:`.latency`).
 
 Simplifications (said here, as DESIGN.md asks): a training stage moved to a subset of devices
 re-gathers its shards over NVLink at no modelled cost; reward (rule-based, on the CPU) and weight
@@ -67,6 +70,7 @@ through them in this order, predictions being asked for throughout):
 - :mod:`.params` — :class:`JigsawParams`, the validated ``scheduler.params``;
 - :mod:`.tp_search` — the rollout TPs, searched by prediction at the first decision;
 - :mod:`.fallback` — the verl placements run instead when predicted no worse (no losses);
+- :mod:`.latency` — the pipelines' latency bounds as the plans are scored against them;
 - :mod:`.planner`, :mod:`.widths`, :mod:`.plan_forecast` — rollout widths by critical path;
 - :mod:`.residency` — the memory plan (engine KV slices) and the train states' onload/offload;
 - :mod:`.board` — the decision's board: who holds which device, at what share, memory free;

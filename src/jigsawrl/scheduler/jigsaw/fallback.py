@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from jigsawrl.errors import ConfigError
 from jigsawrl.scheduler.base import Policy, View
 from jigsawrl.scheduler.batch_replay import RanksReplay
+from jigsawrl.scheduler.jigsaw.latency import LatencyBounds
 from jigsawrl.scheduler.verl import VerlPolicy
 from jigsawrl.scheduler.verl_placements import (
     JobTimer,
@@ -54,17 +55,21 @@ MARGIN = 0.03
 
 @dataclass(frozen=True, slots=True)
 class VerlPlan:
-    """A verl placement, its predicted makespan, and how to build the policy that runs it."""
+    """A verl placement, its predicted makespan, how to build the policy that runs it, and how
+    far its predicted step latencies exceed the pipelines' bounds (0: within, or none set)."""
 
     name: str
     makespan_s: float
     build: Callable[[], Policy]
+    excess: float = 0.0
 
 
 def verl_plans(view: View,
                gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
-               gen_replay: RanksReplay | None = None) -> list[VerlPlan]:
-    """The feasible verl placements of the group, each with its predicted makespan.
+               gen_replay: RanksReplay | None = None,
+               bounds: LatencyBounds | None = None) -> list[VerlPlan]:
+    """The feasible verl placements of the group, each with its predicted makespan (and, with
+    ``bounds``, its excess over them: each job's finish as the placement runs it).
 
     ``gen_replay``: how the jobs' rollouts are timed when run under jigsaw (its regrouped tails,
     :func:`~.regroup.placed_replay`). The placements themselves are verl's, sized and ordered
@@ -73,40 +78,51 @@ def verl_plans(view: View,
     timer = plain if gen_replay is None else JobTimer(view, gpu_memory_utilization, gen_replay)
     n = len(view.devices)
     gmu = gpu_memory_utilization
+
+    def plan(name: str, finish: dict[str, float], build: Callable[[], Policy]) -> VerlPlan:
+        return VerlPlan(name, max(finish.values(), default=0.0), build,
+                        bounds.excess(finish) if bounds is not None else 0.0)
     out: list[VerlPlan] = []
     if all(fits(view, p, n) for p in view.pipelines):
-        out.append(VerlPlan("verl-serial", sum(timer.job_s(p, n) for p in view.pipelines),
-                            lambda: VerlPolicy("serial", gmu)))
+        finish, end = {}, 0.0
+        for p in view.pipelines:  # config order, as verl-serial runs them
+            end += timer.job_s(p, n)
+            finish[p.name] = end
+        out.append(plan("verl-serial", finish, lambda: VerlPolicy("serial", gmu)))
     if len(view.pipelines) > 1:
         try:
             placed = sized_split(view, plain)
         except ConfigError:
             placed = {}
         if placed:
-            span = max(timer.job_s(p, len(placed[p.name])) for p in view.pipelines)
-            out.append(VerlPlan("verl-sized", span, lambda: VerlPolicy("sized", gmu)))
+            out.append(plan("verl-sized", {p.name: timer.job_s(p, len(placed[p.name]))
+                                           for p in view.pipelines},
+                            lambda: VerlPolicy("sized", gmu)))
     for k in queue_widths(view):
-        out.append(VerlPlan(f"verl-queue-{k}", _queue_s(view, plain, timer, k),
-                            lambda k=k: VerlPolicy("queue", gmu, k)))  # type: ignore[misc]
+        out.append(plan(f"verl-queue-{k}", _queue_finish(view, plain, timer, k),
+                        lambda k=k: VerlPolicy("queue", gmu, k)))  # type: ignore[misc]
     return out
 
 
-def _queue_s(view: View, plain: JobTimer, timer: JobTimer, k: int) -> float:
-    """Predicted makespan of ``verl-queue-k``: the jobs, longest first (as verl orders them,
-    by ``plain``), each taking the first slice to free up (as the queue runs them), timed by
-    ``timer``."""
+def _queue_finish(view: View, plain: JobTimer, timer: JobTimer, k: int) -> dict[str, float]:
+    """Predicted finish of each job of ``verl-queue-k``: the jobs, longest first (as verl
+    orders them, by ``plain``), each taking the first slice to free up (as the queue runs
+    them), timed by ``timer``."""
     size = queue_slice_size(view, k)
     by_name = {p.name: p for p in view.pipelines}
     free = [0.0] * k
+    finish = {}
     for name in longest_first(view, plain, size):
         p = by_name[name]
         start = heapq.heappop(free)
-        heapq.heappush(free, start + timer.job_s(p, usable(p, size)))
-    return max(free)
+        finish[name] = start + timer.job_s(p, usable(p, size))
+        heapq.heappush(free, finish[name])
+    return finish
 
 
-def best_verl(view: View, gen_replay: RanksReplay | None = None) -> VerlPlan | None:
-    """The verl placement predicted fastest (timed with ``gen_replay``: :func:`verl_plans`), or
-    None when none is feasible."""
-    plans = verl_plans(view, gen_replay=gen_replay)
-    return min(plans, key=lambda p: p.makespan_s) if plans else None
+def best_verl(view: View, gen_replay: RanksReplay | None = None,
+              bounds: LatencyBounds | None = None) -> VerlPlan | None:
+    """The verl placement predicted fastest among those that exceed the latency ``bounds``
+    least (timed with ``gen_replay``: :func:`verl_plans`), or None when none is feasible."""
+    plans = verl_plans(view, gen_replay=gen_replay, bounds=bounds)
+    return min(plans, key=lambda p: (p.excess, p.makespan_s)) if plans else None

@@ -28,7 +28,7 @@ pessimistic for plans whose last steps start narrow.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from jigsawrl.stages import Stage
 
@@ -88,10 +88,14 @@ class _Train:
 class PlanResult:
     makespan_s: float
     finish_s: dict[str, float]
+    # how far the predicted step latencies exceed the pipelines' bounds (:mod:`.latency`;
+    # 0 and empty where no pipeline sets one): the sum, and per pipeline
+    excess: float = 0.0
+    over: dict[str, float] = field(default_factory=dict)
 
-    def key(self) -> tuple[float, float]:
-        """Lower is better: the makespan, then the sum of finish times."""
-        return (round(self.makespan_s, 6), sum(self.finish_s.values()))
+    def key(self) -> tuple[float, float, float]:
+        """Lower is better: the latency bounds' excess, the makespan, the sum of finish times."""
+        return (self.excess, round(self.makespan_s, 6), sum(self.finish_s.values()))
 
 
 # A work in progress: (kind, pipeline, seconds left at full rate, rate).

@@ -4,10 +4,11 @@ Each rollout's width — devices, in whole TP groups — is chosen from its pred
 width (:class:`~.widths.WidthTimer`), decoupled from training (pooled over every device): the
 pipeline on the critical path gets the width it needs and the others fill around it, instead of
 each rollout taking a fair share of the pool. A plan is scored by :func:`~.plan_forecast.
-forecast_plan` over every pipeline's remaining steps (the makespan, then the sum of finish
-times), and searched by a min-max greedy: from the narrowest plan and from the fair plan, the
-pipeline that finishes last grows to its next width while the widths fit in the pool and the
-forecast improves; then the last one grows by taking a width step from the one with the most
+forecast_plan` over every pipeline's remaining steps (how far the predicted step latencies
+exceed the pipelines' bounds, :mod:`.latency`; the makespan; the sum of finish times), and
+searched by a min-max greedy: from the narrowest plan and from the fair plan, the pipeline that
+finishes last (or is most over its latency bound) grows to its next width while the widths fit
+in the pool and the forecast improves; then the last one grows by taking a width step from the one with the most
 slack, while that improves. The fair plan is always a candidate, so the plan is never predicted
 worse than the fair cap it replaces.
 
@@ -27,9 +28,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from jigsawrl.scheduler.base import PipelineView, View
+from jigsawrl.scheduler.jigsaw.latency import LatencyBounds
 from jigsawrl.scheduler.jigsaw.params import JigsawParams
 from jigsawrl.scheduler.jigsaw.plan_forecast import PlanPipe, PlanResult, Rates, forecast_plan
 from jigsawrl.scheduler.jigsaw.residency import Residency
@@ -70,6 +72,7 @@ class WidthPlanner:
         self.timer: WidthTimer | None = None
         self.plan: WidthPlan | None = None
         self.replans = 0
+        self.bounds: LatencyBounds | None = None  # the policy sets them at its first decision
 
     # ------------------------------------------------------------------ reading
     def width(self, view: View, pv: PipelineView) -> int:
@@ -125,8 +128,8 @@ class WidthPlanner:
             got = scores.get(key)
             if got is None:
                 res = forecast_plan([pipe(p, widths[p.name]) for p in live], n, rates)
-                got = scores[key] = PlanResult(res.makespan_s / scale,
-                                               {k: v / scale for k, v in res.finish_s.items()})
+                finish = {k: v / scale for k, v in res.finish_s.items()}
+                got = scores[key] = self._bounded(view, PlanResult(res.makespan_s / scale, finish))
             return got
 
         ladders = {p.name: width_ladder(n, p.spec.rollout_tp) for p in live}
@@ -140,11 +143,19 @@ class WidthPlanner:
                 widths, res = _trade(widths, res, score, ladders, n)
                 if res.key() < best.key() and (
                         res.makespan_s < best.makespan_s * (1.0 - PLAN_MARGIN)
-                        or best_w is not fixed):
+                        or best_w is not fixed or res.excess < best.excess):
                     best_w, best = widths, res
         return WidthPlan(best_w, best, frozenset(p.name for p in live),
                          {p.name: self.timer.source(p) for p in live},
                          {p.name: self.timer.gen_s(view, p, best_w[p.name]) for p in live})
+
+    def _bounded(self, view: View, res: PlanResult) -> PlanResult:
+        """``res`` with its latency bounds' excess (:mod:`.latency`; itself without bounds):
+        finish times are counted from now, the bounds' from time 0."""
+        if self.bounds is None:
+            return res
+        finish = {k: view.now_s + v for k, v in res.finish_s.items()}
+        return replace(res, excess=self.bounds.excess(finish), over=self.bounds.over(finish))
 
     def fixed_widths(self, view: View, live: list[PipelineView]) -> dict[str, int]:
         """The widths without planning: the whole pool under the tight plan, else the fair
@@ -201,6 +212,12 @@ def fair_width(view: View, tp: int, colocated: int) -> int:
 Score = Callable[[dict[str, int]], PlanResult]
 
 
+def _critical(res: PlanResult, p: str) -> tuple[float, float]:
+    """How much ``p`` needs devices: the most over its latency bound first, then the last to
+    finish (the min-max search's critical pipeline)."""
+    return (res.over.get(p, 0.0), res.finish_s.get(p, 0.0))
+
+
 def _next(ladder: list[int], w: int, up: bool) -> int | None:
     if up:
         return next((x for x in ladder if x > w), None)
@@ -215,7 +232,7 @@ def _grow(start: dict[str, int], score: Score, ladders: dict[str, list[int]],
     res = score(widths)
     stuck: set[str] = set()
     while len(stuck) < len(widths):
-        crit = max((p for p in widths if p not in stuck), key=lambda p: res.finish_s.get(p, 0.0))
+        crit = max((p for p in widths if p not in stuck), key=lambda p: _critical(res, p))
         up = _next(ladders[crit], widths[crit], True)
         if up is None or sum(widths.values()) - widths[crit] + up > n:
             stuck.add(crit)
@@ -235,7 +252,7 @@ def _trade(widths: dict[str, int], res: PlanResult, score: Score,
     """The pipeline finishing last grows one width step, the one with the most slack shrinking
     one, while the forecast improves (at most one round per pipeline)."""
     for _ in range(len(widths)):
-        order = sorted(widths, key=lambda p: res.finish_s.get(p, 0.0))
+        order = sorted(widths, key=lambda p: _critical(res, p))
         crit, improved = order[-1], False
         up = _next(ladders[crit], widths[crit], True)
         if up is None:

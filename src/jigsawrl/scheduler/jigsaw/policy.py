@@ -23,6 +23,7 @@ from jigsawrl.scheduler.base import (
 )
 from jigsawrl.scheduler.jigsaw.board import Board, BoardCache
 from jigsawrl.scheduler.jigsaw.fallback import MARGIN, best_verl
+from jigsawrl.scheduler.jigsaw.latency import LatencyBounds
 from jigsawrl.scheduler.jigsaw.lookahead import LookAhead
 from jigsawrl.scheduler.jigsaw.params import JigsawParams
 from jigsawrl.scheduler.jigsaw.placement import Placement
@@ -47,6 +48,10 @@ class PlanChoice:
     jigsaw_s: float
     verl: str | None
     verl_s: float | None
+    # how far each plan's predicted step latencies exceed the pipelines' bounds (0: within
+    # them, or none set; :mod:`.latency`): ranked before the makespans
+    jigsaw_excess: float = 0.0
+    verl_excess: float | None = None
 
 
 @register_policy("jigsaw")
@@ -102,11 +107,16 @@ class JigsawPolicy(PolicyBase):
         if self.tp is not None:
             out["rollout_tp"] = {"runs": self.tp.tps or "configured", "predicted_s": {
                 k: (None if not math.isfinite(v) else v) for k, v in self.tp.predicted_s.items()}}
+            if self.tp.excess:
+                out["rollout_tp"]["latency_excess"] = {
+                    k: (None if not math.isfinite(v) else v) for k, v in self.tp.excess.items()}
         return out
 
     def decide(self, view: View) -> Decision:
+        if self.choice is None:  # the bounds are read at the configured rollout TPs
+            self.planner.bounds = LatencyBounds.of(view)
         if self.choice is None and self.params.tp_search and view.can_regroup:
-            self.tp = search_tp(view, self._predict_plan_s)
+            self.tp = search_tp(view, self._predict_plan)
         view = self._retp(view)
         if self.choice is None:
             self.choice = self._choose_plan(view)
@@ -155,15 +165,19 @@ class JigsawPolicy(PolicyBase):
             return view
         return retp_view(view, self.tp.tps, self._specs)
 
-    def _predict_plan_s(self, view: View) -> float:
-        """The makespan a fresh jigsaw of these parameters predicts for what it would run on
-        ``view`` (its plan or the verl placement it falls back to; inf: nothing fits)."""
+    def _predict_plan(self, view: View) -> tuple[float, float]:
+        """What a fresh jigsaw of these parameters (and this policy's latency bounds) predicts
+        for what it would run on ``view`` (its plan or the verl placement it falls back to):
+        the latency bounds' excess and the makespan (inf, inf: nothing fits)."""
         fresh = JigsawPolicy(**{**asdict(self.params), "tp_search": False})
+        fresh.planner.bounds = self.planner.bounds
         try:
             ch = fresh._choose_plan(view)
         except ConfigError:
-            return math.inf
-        return ch.jigsaw_s if ch.runs == "jigsaw" else (ch.verl_s or math.inf)
+            return math.inf, math.inf
+        if ch.runs == "jigsaw":
+            return ch.jigsaw_excess, ch.jigsaw_s
+        return (ch.verl_excess or 0.0), (ch.verl_s or math.inf)
 
     def _choose_plan(self, view: View) -> PlanChoice:
         """jigsaw's width plan, or the verl placement predicted to finish sooner (module
@@ -175,19 +189,22 @@ class JigsawPolicy(PolicyBase):
         error: ConfigError | None = None
         try:
             self.residency.place(view)
-            ours = self.planner.current(view).result.makespan_s
+            res = self.planner.current(view).result
+            ours, excess = res.makespan_s, res.excess
         except ConfigError as exc:  # not even the tight memory plan fits
-            error, ours = exc, math.inf
+            error, ours, excess = exc, math.inf, math.inf
         replay = placed_replay(view, self.params.tail_requests) if self.tail.regroups(
             view) else None
-        verl = best_verl(view, replay) if self.params.fallback else None
-        if verl is not None and verl.makespan_s <= ours * (1.0 + MARGIN):
+        verl = best_verl(view, replay, self.planner.bounds) if self.params.fallback else None
+        if verl is not None and (verl.excess < excess or (
+                verl.excess == excess and verl.makespan_s <= ours * (1.0 + MARGIN))):
             self._delegate = verl.build()
-            return PlanChoice(verl.name, ours, verl.name, verl.makespan_s)
+            return PlanChoice(verl.name, ours, verl.name, verl.makespan_s, excess, verl.excess)
         if error is not None:
             raise error
         return PlanChoice("jigsaw", ours, verl.name if verl else None,
-                          verl.makespan_s if verl else None)
+                          verl.makespan_s if verl else None, excess,
+                          verl.excess if verl else None)
 
     def _choose_starts(self, view: View, b: Board) -> list[Action]:
         """Host stages and rollouts that can start, most urgent pipeline first, then at most one
