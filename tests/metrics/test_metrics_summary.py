@@ -188,3 +188,24 @@ def test_metrics_import_no_torch_or_ray():
         "bad = [m for m in ('torch', 'ray') if m in sys.modules]; assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_a_latency_bound_is_reported_met_or_missed() -> None:
+    """``max_latency_ratio`` (RunInfo.latency_bounds) against ``latency_vs_solo``: within,
+    over (named in ``latency_bounds_missed``), or unknown without a bound or a solo latency."""
+    from jigsawrl.events import StepFinished
+    from jigsawrl.metrics.summary import RunInfo, summarize
+
+    steps = [StepFinished(pipeline=p, step=k, start_s=10.0 * k, end_s=10.0 * (k + 1))
+             for p in ("a", "b", "c") for k in range(2)]
+    info = RunInfo(name="t", policy="x", seed=0, num_devices=1, accelerator="h100-80gb",
+                   peak_flops_per_device=1e15, price_per_device_hour_usd=1.0,
+                   pipelines=("a", "b", "c"), solo_step_latency_s={"a": 8.0, "b": 5.0},
+                   latency_bounds={"a": 1.5, "b": 1.5, "c": 1.5})
+    s = summarize(steps, info)
+    by = {p["name"]: p for p in s["pipelines"]}
+    assert by["a"]["latency_vs_solo"] == 1.25 and by["a"]["within_latency_bound"] is True
+    assert by["b"]["latency_vs_solo"] == 2.0 and by["b"]["within_latency_bound"] is False
+    assert by["c"]["within_latency_bound"] is None  # no solo latency: unknown
+    assert s["latency_bounds_missed"] == ["b"]
+    assert RunInfo.from_dict(info.to_dict()) == info

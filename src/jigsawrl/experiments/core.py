@@ -60,7 +60,9 @@ def run_info(exp: Experiment, policy: str, *, executor: str = "simulated",
                    price_per_device_hour_usd=exp.price_per_hour,
                    pipelines=tuple(p.spec.name for p in exp.pipelines),
                    solo_step_latency_s=solo, lower_bound_s=bound, executor=executor,
-                   arrival_s={p.spec.name: p.spec.start_s for p in exp.pipelines})
+                   arrival_s={p.spec.name: p.spec.start_s for p in exp.pipelines},
+                   latency_bounds={p.spec.name: p.spec.max_latency_ratio for p in exp.pipelines
+                                   if p.spec.max_latency_ratio is not None} or None)
 
 
 def summarize_run(result: DriverResult, info: RunInfo) -> dict[str, Any]:

@@ -65,11 +65,20 @@ def _pipeline_row(p: dict[str, Any]) -> list[str]:
         _fmt(p.get("tokens_per_s"), ",.0f"),
         _fmt(p.get("mean_step_latency_s"), ",.1f"),
         _fmt(p.get("p90_step_latency_s"), ",.1f"),
-        _fmt(p.get("latency_vs_solo"), ".2f"),
+        _latency_cell(p),
         _fmt(p.get("timing_s/gen"), ",.1f"),
         _fmt(_train_s(p), ",.1f"),
         _fmt(p.get("tool_wait_s"), ",.0f"),
     ]
+
+
+def _latency_cell(p: dict[str, Any]) -> str:
+    """Latency vs solo, in red with its bound where the pipeline went over its
+    ``max_latency_ratio``."""
+    cell = _fmt(p.get("latency_vs_solo"), ".2f")
+    if p.get("within_latency_bound") is False:
+        return f"[red]{cell} > {p['max_latency_ratio']:.2f}[/red]"
+    return cell
 
 
 def _totals_row(s: dict[str, Any]) -> list[str]:

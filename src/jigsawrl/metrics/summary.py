@@ -46,6 +46,8 @@ Definitions (all times in seconds of the executor's clock; ``N`` = ``num_devices
     mean step latency (below) over the :class:`StepFinished` events of all pipelines.
 ``mean_latency_vs_solo``
     mean over pipelines of their ``latency_vs_solo`` (those where it is known).
+``latency_bounds_missed``
+    the pipelines whose ``within_latency_bound`` is false.
 
 Per pipeline (``pipelines`` list, in ``RunInfo.pipelines`` order, then any other pipeline seen):
 
@@ -65,6 +67,9 @@ Per pipeline (``pipelines`` list, in ``RunInfo.pipelines`` order, then any other
 ``latency_vs_solo``
     ``mean_step_latency_s / solo_step_latency_s[pipeline]`` when the solo latency is known
     (present, finite and > 0); null otherwise.
+``max_latency_ratio``, ``within_latency_bound``
+    the pipeline's bound (``RunInfo.latency_bounds``; null: none set) and whether its
+    ``latency_vs_solo`` stayed within it (null: no bound, or the solo latency unknown).
 ``timing_s/*``
     verl's names, each a mean over the pipeline's finished steps of the *wall extent* (latest end
     minus earliest start) of that step's spans of the stage(s): ``gen`` = all rollout stages
@@ -140,6 +145,7 @@ class RunInfo:
         bound_terms: the bound's terms (``graph.makespan_bound.BoundReport.terms``).
         arrival_s: when each pipeline arrived (its ``start_s``): the start of its first step's
             latency.
+        latency_bounds: each bounded pipeline's ``max_latency_ratio`` (none: no bound set).
 
     Raises:
         ValueError: a count or rate out of range.
@@ -160,6 +166,7 @@ class RunInfo:
     bound_note: str | None = None
     bound_terms: dict[str, float] | None = None
     arrival_s: dict[str, float] | None = None
+    latency_bounds: dict[str, float] | None = None
 
     def __post_init__(self) -> None:
         if self.num_devices < 1:
@@ -354,6 +361,8 @@ def _pipeline_summary(name: str, ev: _Events, info: RunInfo, makespan: float,
     tokens = sum(s.prompt_tokens + s.response_tokens for s in samples)
     mean_lat = float(lat.mean()) if len(lat) else None
     solo = (info.solo_step_latency_s or {}).get(name)
+    ratio = _div(mean_lat, solo) if (mean_lat is not None and solo) else None
+    bound = (info.latency_bounds or {}).get(name)
     actor = [s for s in spans if s.stage == Stage.ACTOR_UPDATE]
     actor_dev_s = sum(s.duration_s * len(s.devices) for s in actor)
     return {
@@ -365,7 +374,9 @@ def _pipeline_summary(name: str, ev: _Events, info: RunInfo, makespan: float,
         "mean_step_latency_s": mean_lat,
         "p50_step_latency_s": float(np.percentile(lat, 50)) if len(lat) else None,
         "p90_step_latency_s": float(np.percentile(lat, 90)) if len(lat) else None,
-        "latency_vs_solo": _div(mean_lat, solo) if (mean_lat is not None and solo) else None,
+        "latency_vs_solo": ratio,
+        "max_latency_ratio": bound,
+        "within_latency_bound": None if bound is None or ratio is None else ratio <= bound,
         **_step_timings(steps, spans_by_step, latency),
         "tool_wait_s": sum((s.duration_s for s in spans if s.stage == Stage.TOOL_WAIT), 0.0),
         "device_s": sum(
@@ -428,6 +439,7 @@ def summarize(events: Iterable[Event], info: RunInfo) -> dict[str, Any]:
         "perf/time_per_step": float(np.mean(step_lat)) if step_lat else None,
         **_bound_metrics(info, makespan),
         "mean_latency_vs_solo": float(np.mean(ratios)) if ratios else None,
+        "latency_bounds_missed": [p["name"] for p in pipes if p["within_latency_bound"] is False],
         "failed_pipelines": [p["name"] for p in pipes if p["failed"] is not None],
         "pipelines": pipes,
         "run_info": info.to_dict(),
