@@ -17,6 +17,7 @@ from jigsawrl.bench.paper_mechanisms import (
     WHY_IT_STAYS,
     changed_nothing,
     group_effects,
+    lookahead_lines,
     mechanism_lines,
 )
 from jigsawrl.config import ExperimentConfig
@@ -81,3 +82,16 @@ def test_changed_nothing_needs_every_comparison_within_the_margin() -> None:
     assert changed_nothing(depth[:1])
     assert not changed_nothing([])
     assert mechanism_lines([_group({"verl": 1.0}, "ablation-empty")]) == []
+
+
+def test_the_lookahead_table_sums_the_leads_choices_over_seeds() -> None:
+    """Issue 11 item 3's report: the lead's look-ahead stats summed over seeds, beside the
+    lead's tokens/s over greedy's (– where the group did not run greedy)."""
+    g = _group({"verl": 1.0, "jigsaw": 2.0, "greedy": 1.6}, "sync-y", "sync")
+    la = {"decisions": 10, "with_choice": 7, "differed": 2, "deferred": 1}
+    assert g.result is not None
+    g.result.runs["jigsaw"] = [{"throughput_tokens_per_s": 2.0, "policy_report": {"lookahead": la}}
+                               for _ in range(2)]
+    text = "\n".join(lookahead_lines([g]))
+    assert "| sync-y | 20 | 14 | 4 | 2 | 1.250× |" in text
+    assert lookahead_lines([_group({"verl": 1.0, "jigsaw": 2.0}, "sync-z", "sync")]) == []

@@ -132,3 +132,34 @@ def mechanism_lines(groups: Iterable[GroupResult]) -> list[str]:
             verdict = f"worth {lo:.3f}×–{hi:.3f}× over {len(effects)} comparisons."
         lines.append(f"- `{param}`: {verdict}")
     return lines + [""]
+
+
+def lookahead_lines(groups: Iterable[GroupResult]) -> list[str]:
+    """Issue 11 item 3's report of the look-ahead: per group, over its seeds, the lead's
+    decisions that asked it, those with two or more options, those where it chose otherwise
+    than ``greedy`` (its depth-0 ablation, the first candidate) and of these the deferrals —
+    beside what that was worth (the lead's tokens/s ÷ greedy's, where the group ran greedy)."""
+    rows = []
+    for g in groups:
+        if g.result is None or g.group.lead not in g.result.runs:
+            continue
+        stats = [((s.get("policy_report") or {}).get("lookahead") or {})
+                 for s in g.result.runs[g.group.lead]]
+        if not any(stats):
+            continue
+        total = {k: sum(int(st.get(k, 0)) for st in stats)
+                 for k in ("decisions", "with_choice", "differed", "deferred")}
+        worth = g.lead_ratios().get("greedy")
+        rows.append(f"| {g.group.name} | {total['decisions']:,} | {total['with_choice']:,} | "
+                    f"{total['differed']:,} | {total['deferred']:,} | "
+                    f"{'–' if worth is None else f'{worth:.3f}×'} |")
+    if not rows:
+        return []
+    return ["## The look-ahead's choices", "",
+            "Per group, summed over its seeds: the decisions that asked the lead's look-ahead "
+            "which ready pass to start, those with two or more options, those where it chose "
+            "otherwise than greedy (depth 0: the most urgent candidate) and how many of these "
+            "deferred every pass; worth = the lead's tokens/s ÷ greedy's (– where the group "
+            "did not run greedy).", "",
+            "| group | asked | ≥ 2 options | chose otherwise | deferred | worth |",
+            "|---|---:|---:|---:|---:|---:|", *rows, ""]

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jigsawrl.bench.paper_matrix import GroupResult, PaperRun
-from jigsawrl.bench.paper_mechanisms import mechanism_lines
+from jigsawrl.bench.paper_mechanisms import lookahead_lines, mechanism_lines
 
 DASH = "–"
 
@@ -248,6 +248,7 @@ def render_markdown(run: PaperRun) -> str:
     lines += _ratio_table(run)
     lines += _sensitivity_table(run)
     lines += mechanism_lines(run.groups)
+    lines += lookahead_lines(run.groups)
     lines += ["## Groups", "", "Columns: finished tokens/s (mean ± population sd over seeds); "
               "÷ the group's baseline; the lead's tokens/s ÷ this policy's; mean step latency ÷ "
               "solo; MFU; busy fraction; $ per million finished tokens; makespan.", ""]
