@@ -33,12 +33,14 @@ WHY_IT_STAYS: dict[str, str] = {
     "depth": (
         "the look-ahead's options are 'start the ready pass now' or 'wait' (one train state on "
         "the devices at a time); on every sync group starting now forecasts best, so it agrees "
-        "with greedy to the digit; on the async groups its deferrals are worth -2.9% to +0.2% "
-        "(paper/async-aime-search seed 0 the loss); on the real pool, whose devices take turns, "
-        "it no longer offers to wait (its deferrals there cost 6%: docs/BENCHMARKS.md, "
-        "'Shared prompts, consistent urgencies, serial placement'; 'Real tasks' tool waits'). "
-        "Kept as issue 11 item 3's search, whose "
-        "candidate set is the open work; greedy (depth 0) is never slower on a sync group"),
+        "with greedy to the digit; on the async groups its deferrals cost up to 2.7% against "
+        "greedy until it was made to depart from greedy only on a forecast 5% better "
+        "(lookahead.LA_MARGIN), after which it ties greedy everywhere measured; on the real "
+        "pool, whose devices take turns, it does not offer to wait (its deferrals there cost "
+        "6%: docs/BENCHMARKS.md, 'Shared prompts, consistent urgencies, serial placement'; "
+        "'Real tasks' tool waits'). Kept as issue 11 item 3's search, whose candidate set is "
+        "the open work (the train-state order by forecast was tried and lost: 'Latency bounds "
+        "honoured'); it costs nothing but decision time"),
     "tail_logprobs": (
         "issue 11 item 4 asks for it as an option (off by default, exact: tested); it acts only "
         "where a sync rollout's drained ranks would idle: +2.7-3.0% at the config's rollout TP "
