@@ -85,6 +85,18 @@ def test_async_rollouts_run_ahead_of_training_up_to_the_staleness() -> None:
         forecast_plan([sync], 8, Rates(0.5, 1.0)).makespan_s
 
 
+def test_an_async_pipelines_next_rollout_starts_beside_its_running_one() -> None:
+    """Staleness 1 on half the pool: the second rollout needs no trained step, so it runs
+    beside the first (two in flight), and the third waits for step 0's training: 3 rollouts of
+    10 s and passes of 5 s end by 10 + 10 + 5 + 5 = 30 s, not 3 × 10 + 5 as one at a time; a
+    pool too small for two keeps them one at a time."""
+    lag = PlanPipe("a", 3, gen_s=10.0, width=4, train_s=5.0, staleness=1)
+    res = forecast_plan([lag], 8, Rates(1.0, 1.0))
+    assert res.makespan_s == pytest.approx(30.0)
+    narrow = forecast_plan([lag], 4, Rates(1.0, 1.0)).makespan_s
+    assert narrow > res.makespan_s
+
+
 # ---------------------------------------------------------------------------- widths
 
 def test_width_ladder_is_whole_tp_groups_and_ends_at_the_pool() -> None:

@@ -6,10 +6,11 @@ decision; a width plan shapes whole steps — how long each rollout runs, whethe
 free devices, who waits for the one train-state slot — so it is scored over the remaining steps.
 It must stay cheap (the planner tries a few dozen plans), so each pipeline is a loop of works:
 
-- **rollout** on its planned ``width`` devices (one at a time per pipeline), lasting the
-  predicted generation time on that width (:class:`~.widths.WidthTimer`); it may start when
-  its devices are free and, for async pipelines, while its weights are at most ``staleness``
-  versions old; once other pipelines have finished, it takes the widest width their devices
+- **rollout** on its planned ``width`` devices, lasting the predicted generation time on
+  that width (:class:`~.widths.WidthTimer`); it may start when its devices are free and, for
+  async pipelines, while its weights are at most ``staleness`` versions old — so an async
+  pipeline's next rollout may start beside its running one (at most two in flight; before,
+  one at a time, which forecast the paper's async groups 3-12% late); once other pipelines have finished, it takes the widest width their devices
   leave (as the policy's replan does when the pipelines running change);
 - **reward** (host) then **training**: the train state is onloaded, the model passes run on the
   pool, it is offloaded; one pipeline trains at a time (``max_train_states`` = 1, the memory
@@ -69,6 +70,12 @@ class _Pipe:
     trained: int = 0  # steps whose weight sync finished
     roll_left: float | None = None  # seconds of rollout left at full rate (None: not rolling)
     roll_width: int = 0  # devices the running rollout holds
+    # an async pipeline's next rollout, started while the one above still runs (its weights
+    # within the staleness bound), and how many such rollouts finished before it
+    ahead_left: float | None = None
+    ahead_width: int = 0
+    early: int = 0
+    rewards_queued: int = 0  # finished rollouts whose reward waits for the one running
     reward_left: float | None = None
     sync_left: float | None = None
     waiting: int = 0  # rolled-out, rewarded steps waiting to train
@@ -135,12 +142,16 @@ def _start_rollouts(ps: list[_Pipe], n: int) -> None:
     """Start every rollout that may start, most work left first; once pipelines have finished,
     a rollout takes the widest width their devices leave it (the policy replans then; devices
     the plan left free stay free)."""
+    held = sum(p.roll_width for p in ps if p.roll_left is not None) + sum(
+        p.ahead_width for p in ps if p.ahead_left is not None)
+    _start_ahead(ps, n, held)
     # who may start does not depend on who starts first: find them before sorting
     may = [p for p in ps if p.roll_left is None and p.rolled < p.spec.steps
            and p.trained >= p.rolled - p.spec.staleness]
     if not may:
         return
-    held = sum(p.roll_width for p in ps if p.roll_left is not None)
+    held = sum(p.roll_width for p in ps if p.roll_left is not None) + sum(
+        p.ahead_width for p in ps if p.ahead_left is not None)
     planned = sum(p.spec.width for p in ps if p.trained < p.spec.steps)
     room = min(n, sum(p.spec.width for p in ps))
     for p in sorted(may, key=lambda x: -_work_left(x)) if len(may) > 1 else may:
@@ -159,6 +170,20 @@ def _start_rollouts(ps: list[_Pipe], n: int) -> None:
         held += width
 
 
+def _start_ahead(ps: list[_Pipe], n: int, held: int) -> None:
+    """An async pipeline's next rollout beside its running one, at its planned width, where
+    its weights would be within the staleness bound and the devices are free (the policy starts
+    it so: an async pipeline's next rollout fills free devices)."""
+    for p in ps:
+        s = p.spec
+        nxt = p.rolled + 1 + p.early  # the index of the rollout it would start
+        if p.roll_left is None or p.ahead_left is not None or s.staleness < 1 or \
+                nxt >= s.steps or p.trained < nxt - s.staleness or held + s.width > n:
+            continue
+        p.ahead_left, p.ahead_width = s.gen_s, s.width
+        held += s.width
+
+
 def _start_training(ps: list[_Pipe], train: _Train) -> None:
     if train.holder is not None:
         return
@@ -171,13 +196,18 @@ def _start_training(ps: list[_Pipe], train: _Train) -> None:
 
 def _works(ps: list[_Pipe], train: _Train, n: int, rates: Rates) -> list[Work]:
     """Everything in progress, with its rate."""
-    rolling = [p for p in ps if p.roll_left is not None]
-    held = min(n, sum(p.roll_width for p in rolling))
+    rolling = [p for p in ps if p.roll_left is not None or p.ahead_left is not None]
+    held = min(n, sum(p.roll_width for p in ps if p.roll_left is not None) + sum(
+        p.ahead_width for p in ps if p.ahead_left is not None))
     passing = train.holder is not None and train.phase == "pass"
     free = (n - held) / n
     shared = bool(passing and rolling and free < rates.compute_shared)
     out: list[Work] = []
     for p in ps:
+        # the next rollout before the running one: it is advanced first, so that the running
+        # one, when it ends, hands over the next one's time left after this interval
+        if p.ahead_left is not None:
+            out.append(("ahead", p, p.ahead_left, rates.decode_shared if shared else 1.0))
         if p.roll_left is not None:
             out.append(("roll", p, p.roll_left, rates.decode_shared if shared else 1.0))
         if p.reward_left is not None:
@@ -197,11 +227,23 @@ def _advance(kind: str, p: _Pipe, train: _Train, left: float, t: float) -> None:
     if kind == "roll":
         p.roll_left = None if done else left
         if done:
-            p.rolled += 1
-            p.reward_left = p.spec.reward_s
+            finished, p.early = 1 + p.early, 0
+            p.rolled += finished
+            p.rewards_queued += finished
+            if p.ahead_left is not None:  # the next rollout is now the oldest running
+                p.roll_left, p.roll_width, p.ahead_left = p.ahead_left, p.ahead_width, None
+            if p.reward_left is None:
+                p.rewards_queued -= 1
+                p.reward_left = p.spec.reward_s
+    elif kind == "ahead":
+        p.ahead_left = None if done else left
+        p.early += done  # finished before the older one: counted when that one finishes
     elif kind == Stage.REWARD:
         p.reward_left = None if done else left
         p.waiting += done
+        if done and p.rewards_queued:
+            p.rewards_queued -= 1
+            p.reward_left = p.spec.reward_s
     elif kind == "sync":
         p.sync_left = None if done else left
         if done:
