@@ -97,6 +97,17 @@ def test_an_async_pipelines_next_rollout_starts_beside_its_running_one() -> None
     assert narrow > res.makespan_s
 
 
+def test_a_running_next_rollout_is_counted_where_it_is() -> None:
+    """At a replan an async pipeline may have its next step's rollout running already: the
+    forecast takes its time left (8 s) instead of starting it afresh (20 s)."""
+    now = PlanPipe("a", 2, gen_s=20.0, width=4, train_s=5.0, staleness=1, rolling_s=5.0)
+    seen = replace(now, ahead_s=8.0)
+    assert forecast_plan([seen], 8, Rates(1.0, 1.0)).makespan_s == pytest.approx(15.0)
+    assert forecast_plan([now], 8, Rates(1.0, 1.0)).makespan_s == pytest.approx(25.0)
+    done = replace(seen, rolling_s=None, trained_first=True)  # its current rollout finished
+    assert forecast_plan([done], 8, Rates(1.0, 1.0)).makespan_s == pytest.approx(13.0)
+
+
 # ---------------------------------------------------------------------------- widths
 
 def test_width_ladder_is_whole_tp_groups_and_ends_at_the_pool() -> None:

@@ -53,6 +53,7 @@ class PlanPipe:
     staleness: int = 0
     rolling_s: float | None = None  # the current step's rollout: seconds left (running)
     trained_first: bool = False  # the current step's rollout is done; it waits to train
+    ahead_s: float | None = None  # the next step's rollout (async): seconds left (running)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,10 +115,15 @@ def forecast_plan(pipes: list[PlanPipe], n: int, rates: Rates,
     """Forecast when every pipeline finishes its remaining steps under its planned width."""
     ps = [_Pipe(p) for p in pipes if p.steps > 0]
     for p in ps:
+        ahead = p.spec.ahead_s
         if p.spec.rolling_s is not None:
             p.roll_left, p.roll_width = max(0.0, p.spec.rolling_s), p.spec.width
+            if ahead is not None:
+                p.ahead_left, p.ahead_width = max(0.0, ahead), p.spec.width
         elif p.spec.trained_first:
             p.rolled, p.waiting = 1, 1
+            if ahead is not None:  # the next step's rollout is the oldest running
+                p.roll_left, p.roll_width = max(0.0, ahead), p.spec.width
     t = 0.0
     train = _Train()
     for _ in range(max_events):

@@ -30,7 +30,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from jigsawrl.scheduler.base import PipelineView, View
+from jigsawrl.scheduler.base import PipelineView, RunningTask, View
 from jigsawrl.scheduler.jigsaw.latency import LatencyBounds
 from jigsawrl.scheduler.jigsaw.params import JigsawParams
 from jigsawrl.scheduler.jigsaw.plan_forecast import PlanPipe, PlanResult, Rates, forecast_plan
@@ -190,16 +190,18 @@ class WidthPlanner:
         step = pv.steps_completed
         rolling = [t for t in pv.running if t.step == step and t.stage == Stage.ROLLOUT]
         done = pv.done.get(step, frozenset())
-        rolling_s = None
-        if rolling:
-            t = rolling[0]
-            rolling_s = max(0.0, timer.gen_s_near(view, pv, len(t.devices)) - (view.now_s - t.start_s))
+        ahead = [t for t in pv.running if t.step == step + 1 and t.stage == Stage.ROLLOUT]
+
+        def left_s(t: RunningTask) -> float:
+            return max(0.0, timer.gen_s_near(view, pv, len(t.devices)) - (view.now_s - t.start_s))
         left = pv.spec.steps - step
         return PlanPipe(pv.name, max(1, math.ceil(left * scale)), gen, width, wider,
                         lambda w: timer.gen_s(view, pv, w), reward,
                         timer.train_s(view, pv), move, sync,
                         pv.spec.max_staleness if pv.spec.mode == "async" else 0,
-                        rolling_s, not rolling and Stage.ROLLOUT in done)
+                        left_s(rolling[0]) if rolling else None,
+                        not rolling and Stage.ROLLOUT in done,
+                        left_s(ahead[0]) if ahead else None)
 
 
 def fair_width(view: View, tp: int, colocated: int) -> int:
