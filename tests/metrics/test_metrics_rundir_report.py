@@ -105,3 +105,13 @@ def test_compare_table_ratios_and_nulls(events, info):
     assert "2.00×" in _render(compare_table({"verl": slow, "jigsaw": fast}))  # first is baseline
     with pytest.raises(JigsawError, match="baseline"):
         compare_table({"verl": slow}, baseline="streamrl")
+
+
+def test_compare_table_marks_a_missed_latency_bound(events, info):
+    """A policy whose run put a pipeline above its ``max_latency_ratio`` gets a "!" on its
+    latency column and the pipeline named in the caption."""
+    ok = dict(summarize(events, info), mean_latency_vs_solo=1.1, latency_bounds_missed=[])
+    over = dict(ok, mean_latency_vs_solo=2.5, latency_bounds_missed=["A"])
+    text = _render(compare_table({"jigsaw": ok, "muxserve": over}))
+    assert "2.50×!" in text and "1.10×!" not in text
+    assert "above its max_latency_ratio" in text and "muxserve: A" in text

@@ -187,6 +187,10 @@ def _mean_summary(summaries: list[dict[str, Any]]) -> dict[str, Any]:
             out[key] = statistics.fmean(vals)
             out[f"{key}_std"] = statistics.pstdev(vals) if len(vals) > 1 else 0.0
     out["seeds"] = len(summaries)
+    # a pipeline over its latency bound at any seed
+    missed = {m for s in summaries for m in s.get("latency_bounds_missed") or ()}
+    if missed or any("latency_bounds_missed" in s for s in summaries):
+        out["latency_bounds_missed"] = sorted(missed)
     won = sorted({s["variant"] for s in summaries if s.get("variant")})
     if won:  # the placement that won (verl: split, serial, sized, a queue), per seed if they differ
         out["variant"] = "/".join(won)

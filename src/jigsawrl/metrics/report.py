@@ -191,18 +191,23 @@ def compare_table(summaries: dict[str, dict[str, Any]], baseline: str | None = N
             f"{label} ({s['variant']})" if s.get("variant") else label,
             _fmt(s.get("throughput_tokens_per_s"), ",.0f"),
             _fmt(_ratio(s.get("throughput_tokens_per_s"), base_tp), ".2f", "×"),
-            _fmt(s.get("mean_latency_vs_solo"), ".2f", "×"),
+            _fmt(s.get("mean_latency_vs_solo"), ".2f", "×") + (
+                "!" if s.get("latency_bounds_missed") else ""),
             _pct(s.get("mfu")),
             _pct(s.get("busy_fraction")),
             _fmt(s.get("cost_per_million_tokens_usd"), ",.3f"),
             _fmt(s.get("makespan_s"), ",.1f"),
             style="bold" if best and tp == best and len(summaries) > 1 else None,
         )
+    over = [f"{label}: {', '.join(s['latency_bounds_missed'])}"
+            for label, s in summaries.items() if s.get("latency_bounds_missed")]
     for label in skipped or {}:
         table.add_row(label, "skipped", *[DASH] * (len(COMPARE_COLUMNS) - 1), style="dim")
-    if skipped:
-        table.caption = "\n".join(f"skipped {label}: {skip_reason(why)}"
-                                   for label, why in skipped.items())
+    notes = [f"skipped {label}: {skip_reason(why)}" for label, why in (skipped or {}).items()]
+    if over:
+        notes.append("! a pipeline above its max_latency_ratio — " + "; ".join(over))
+    if notes:
+        table.caption = "\n".join(notes)
         table.caption_justify = "left"
     return table
 
