@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from jigsawrl.errors import ConfigError
 from jigsawrl.scheduler.base import View
+from jigsawrl.scheduler.jigsaw.plan_forecast import total_excess
 from jigsawrl.scheduler.verl_placements import JobTimer
 from jigsawrl.workload.experiment import DEFAULT_GPU_MEMORY_UTILIZATION
 
@@ -80,6 +81,5 @@ class LatencyBounds:
         return out
 
     def excess(self, finish_s: Mapping[str, float]) -> float:
-        """The sum of :meth:`over` (0: every bound met), rounded so that float noise does not
-        order plans."""
-        return round(sum(self.over(finish_s).values()), 4)
+        """The sum of :meth:`over` (0: every bound met; :func:`~.plan_forecast.total_excess`)."""
+        return total_excess(self.over(finish_s))

@@ -10,8 +10,9 @@ It must stay cheap (the planner tries a few dozen plans), so each pipeline is a 
   that width (:class:`~.widths.WidthTimer`); it may start when its devices are free and, for
   async pipelines, while its weights are at most ``staleness`` versions old — so an async
   pipeline's next rollout may start beside its running one (at most two in flight; before,
-  one at a time, which forecast the paper's async groups 3-12% late); once other pipelines have finished, it takes the widest width their devices
-  leave (as the policy's replan does when the pipelines running change);
+  one at a time, which forecast the paper's async groups 3-12% late); once other pipelines
+  have finished, it takes the widest width their devices leave (as the policy's replan does
+  when the pipelines running change);
 - **reward** (host) then **training**: the train state is onloaded, the model passes run on the
   pool, it is offloaded; one pipeline trains at a time (``max_train_states`` = 1, the memory
   plan), the one with the most predicted work left first (the policy's urgency);
@@ -96,14 +97,24 @@ class _Train:
 class PlanResult:
     makespan_s: float
     finish_s: dict[str, float]
-    # how far the predicted step latencies exceed the pipelines' bounds (:mod:`.latency`;
-    # 0 and empty where no pipeline sets one): the sum, and per pipeline
-    excess: float = 0.0
+    # how far each pipeline's predicted step latency exceeds its bound (:mod:`.latency`;
+    # empty where no pipeline sets one)
     over: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def excess(self) -> float:
+        """The latency bounds' total excess (0: every bound met, or none set)."""
+        return total_excess(self.over)
 
     def key(self) -> tuple[float, float, float]:
         """Lower is better: the latency bounds' excess, the makespan, the sum of finish times."""
         return (self.excess, round(self.makespan_s, 6), sum(self.finish_s.values()))
+
+
+def total_excess(over: dict[str, float]) -> float:
+    """The sum of the pipelines' excesses over their latency bounds, rounded so that float
+    noise does not order plans."""
+    return round(sum(over.values()), 4)
 
 
 # A work in progress: (kind, pipeline, seconds left at full rate, rate).
@@ -148,16 +159,13 @@ def _start_rollouts(ps: list[_Pipe], n: int) -> None:
     """Start every rollout that may start, most work left first; once pipelines have finished,
     a rollout takes the widest width their devices leave it (the policy replans then; devices
     the plan left free stay free)."""
-    held = sum(p.roll_width for p in ps if p.roll_left is not None) + sum(
-        p.ahead_width for p in ps if p.ahead_left is not None)
-    _start_ahead(ps, n, held)
+    _start_ahead(ps, n)
     # who may start does not depend on who starts first: find them before sorting
     may = [p for p in ps if p.roll_left is None and p.rolled < p.spec.steps
            and p.trained >= p.rolled - p.spec.staleness]
     if not may:
         return
-    held = sum(p.roll_width for p in ps if p.roll_left is not None) + sum(
-        p.ahead_width for p in ps if p.ahead_left is not None)
+    held = _held(ps)
     planned = sum(p.spec.width for p in ps if p.trained < p.spec.steps)
     room = min(n, sum(p.spec.width for p in ps))
     for p in sorted(may, key=lambda x: -_work_left(x)) if len(may) > 1 else may:
@@ -176,15 +184,25 @@ def _start_rollouts(ps: list[_Pipe], n: int) -> None:
         held += width
 
 
-def _start_ahead(ps: list[_Pipe], n: int, held: int) -> None:
+def _held(ps: list[_Pipe]) -> int:
+    """Devices the running rollouts hold (each pipeline's running one and its next one)."""
+    return sum(p.roll_width for p in ps if p.roll_left is not None) + sum(
+        p.ahead_width for p in ps if p.ahead_left is not None)
+
+
+def _start_ahead(ps: list[_Pipe], n: int) -> None:
     """An async pipeline's next rollout beside its running one, at its planned width, where
     its weights would be within the staleness bound and the devices are free (the policy starts
     it so: an async pipeline's next rollout fills free devices)."""
+    held: int | None = None  # counted only when some pipeline may start one (a hot loop)
     for p in ps:
         s = p.spec
         nxt = p.rolled + 1 + p.early  # the index of the rollout it would start
         if p.roll_left is None or p.ahead_left is not None or s.staleness < 1 or \
-                nxt >= s.steps or p.trained < nxt - s.staleness or held + s.width > n:
+                nxt >= s.steps or p.trained < nxt - s.staleness:
+            continue
+        held = _held(ps) if held is None else held
+        if held + s.width > n:
             continue
         p.ahead_left, p.ahead_width = s.gen_s, s.width
         held += s.width
@@ -203,8 +221,7 @@ def _start_training(ps: list[_Pipe], train: _Train) -> None:
 def _works(ps: list[_Pipe], train: _Train, n: int, rates: Rates) -> list[Work]:
     """Everything in progress, with its rate."""
     rolling = [p for p in ps if p.roll_left is not None or p.ahead_left is not None]
-    held = min(n, sum(p.roll_width for p in ps if p.roll_left is not None) + sum(
-        p.ahead_width for p in ps if p.ahead_left is not None))
+    held = min(n, _held(ps))
     passing = train.holder is not None and train.phase == "pass"
     free = (n - held) / n
     shared = bool(passing and rolling and free < rates.compute_shared)

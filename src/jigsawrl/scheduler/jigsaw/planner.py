@@ -8,8 +8,8 @@ forecast_plan` over every pipeline's remaining steps (how far the predicted step
 exceed the pipelines' bounds, :mod:`.latency`; the makespan; the sum of finish times), and
 searched by a min-max greedy: from the narrowest plan and from the fair plan, the pipeline that
 finishes last (or is most over its latency bound) grows to its next width while the widths fit
-in the pool and the forecast improves; then the last one grows by taking a width step from the one with the most
-slack, while that improves. The fair plan is always a candidate, so the plan is never predicted
+in the pool and the forecast improves; then the last one grows by taking a width step from the
+one with the most slack, while that improves. The fair plan is always a candidate, so the plan is never predicted
 worse than the fair cap it replaces.
 
 Replanning: when the pipelines still running change, and when a pipeline's prediction moves (its
@@ -155,7 +155,7 @@ class WidthPlanner:
         if self.bounds is None:
             return res
         finish = {k: view.now_s + v for k, v in res.finish_s.items()}
-        return replace(res, excess=self.bounds.excess(finish), over=self.bounds.over(finish))
+        return replace(res, over=self.bounds.over(finish))
 
     def fixed_widths(self, view: View, live: list[PipelineView]) -> dict[str, int]:
         """The widths without planning: the whole pool under the tight plan, else the fair
