@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 import jigsawrl.bench.real as bench_real
@@ -304,6 +305,21 @@ def test_run_ray_bad_profile_exits_2_before_ray_starts() -> None:
     assert res.exit_code == 2 and "profile file not found" in res.output
     res = runner.invoke(app, ["run", "nope.yaml", "--ray"])
     assert res.exit_code == 2 and "Traceback" not in res.output
+
+
+def test_a_profile_of_another_full_share_exits_2_before_ray_starts(tmp_path: Path) -> None:
+    """A profile measured at 2 threads a device is refused by runs of one thread a device
+    (their default), with the command that profiles it right."""
+    doc = {"version": 1, "source": "jigsawrl profile test", "fitted": {
+        "full_share_threads": 2, "accelerator": {}, "params": {}}}
+    path = tmp_path / "two-threads.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    for args in (["run", BENCH, "--ray", "--profile", str(path)],
+                 ["bench", "real", "--profile", str(path)]):
+        res = runner.invoke(app, args)
+        assert res.exit_code == 2, res.output
+        assert "full share as 2 torch thread(s)" in res.output, res.output
+        assert "--threads 1" in res.output and "Traceback" not in res.output
 
 
 def test_modules_import_without_torch_and_ray() -> None:

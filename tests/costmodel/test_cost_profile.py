@@ -63,6 +63,23 @@ def test_round_trip_sets_accelerator_and_params(tmp_path: Path) -> None:
     assert cm.decode_iter_time_s(MODEL, 1, 4, 400) == pytest.approx(expected)
 
 
+def test_full_share_must_be_the_runs_threads_per_device(tmp_path: Path) -> None:
+    """A profile of 1 and 2 threads prices a device at 2 threads; a run of one thread per
+    device is refused with the command that profiles it right."""
+    two = copy.deepcopy(DOC)
+    two["fitted"]["full_share_threads"] = 2
+    path = _write(tmp_path, two)
+    with pytest.raises(InputError) as exc:
+        load_profile(path, threads_per_device=1)
+    assert "2 torch thread(s)" in str(exc.value) and "gives each device 1" in str(exc.value)
+    assert "jigsawrl profile --threads 1" in exc.value.fix
+    accel, _ = load_profile(path, threads_per_device=2)  # the same count: accepted
+    assert accel.peak_flops == 5e10
+    assert load_profile(path)[0].peak_flops == 5e10  # no run to match: not checked
+    # a profile written before the field existed is not checked
+    assert load_profile(_write(tmp_path, DOC), threads_per_device=1)[0].peak_flops == 5e10
+
+
 def test_train_pads_rows_flag_is_read_and_defaults_off(tmp_path: Path) -> None:
     assert load_profile(_write(tmp_path, DOC))[1].train_pads_rows is False  # an older profile
     doc = _broken(("fitted", "params", "train_pads_rows"), True)

@@ -347,7 +347,7 @@ def run_bench_real(spec: BenchRealSpec, *, on_run: OnRun | None = None) -> Bench
     cfg = spec.load()
     labels, left = expand_labels(spec.policies, cfg)
     resolve_real(cfg)  # a bad config is an error of the config, not a skip of every policy
-    profile = _profile_path(spec.profile)
+    profile = _profile_path(spec.profile, spec.threads_per_device)
     compare = BenchCompare([], [cfg.seed], "verl", repeats=spec.repeats)
     compare.skipped.update(left)
     result = BenchRealResult(cfg, compare, profile=profile)
@@ -397,15 +397,16 @@ def _load() -> float | None:
         return None
 
 
-def _profile_path(profile: Path | None) -> str | None:
+def _profile_path(profile: Path | None, threads_per_device: int) -> str | None:
     """The profile to predict with: the given one, else profiles/cpu.yaml if present."""
+    if profile is None and DEFAULT_PROFILE.is_file():
+        profile = DEFAULT_PROFILE
     if profile is not None:
         from jigsawrl.costmodel.profile import load_profile
 
-        load_profile(profile)  # fail early (InputError) on a bad file, before any real run
+        # fail early (InputError) on a bad file or another full share, before any real run
+        load_profile(profile, threads_per_device)
         return str(profile)
-    if DEFAULT_PROFILE.is_file():
-        return str(DEFAULT_PROFILE)
     log.warning("no profile (%s): predictions use the built-in, unmeasured cpu-worker preset; "
                 "measure one with `jigsawrl profile --threads 1 --out %s`", DEFAULT_PROFILE,
                 DEFAULT_PROFILE)

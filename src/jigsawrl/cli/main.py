@@ -341,7 +341,9 @@ def bench_decide(
 @user_errors
 def profile(
     model: Annotated[str, typer.Option(help="engine model preset")] = "qwen2-1m",
-    threads: Annotated[str, typer.Option(help="torch thread counts (compute shares)")] = "1,2",
+    threads: Annotated[str, typer.Option(
+        help="torch thread counts (compute shares); the largest is a device's full share and "
+        "must be the runs' threads per device (1 by default: one core per Ray CPU worker)")] = "1",
     out_path: Annotated[Path, typer.Option("--out", help="profile YAML")] = Path(
         "profiles/cpu.yaml"),
     quick: Annotated[bool, typer.Option(help="smaller grid (~10 s per thread count)")] = False,

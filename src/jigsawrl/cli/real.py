@@ -50,7 +50,9 @@ def ray_run_command(config: Path, overrides: list[str], out: Path | None,
     if profile is not None:
         from jigsawrl.costmodel.profile import load_profile
 
-        load_profile(profile)  # a bad profile fails now, not after the run
+        # a bad profile (or one of another full share than run_real's one thread per device)
+        # fails now, not after Ray started
+        load_profile(profile, threads_per_device=1)
     from jigsawrl.experiments.real import run_real
 
     total = sum(p.steps for p in cfg.pipelines)

@@ -133,21 +133,52 @@ def read_profile(path: str | Path) -> dict[str, Any]:
     return doc
 
 
-def load_profile(path: str | Path) -> tuple[AcceleratorSpec, CostParams]:
+def load_profile(path: str | Path, threads_per_device: int | None = None
+                 ) -> tuple[AcceleratorSpec, CostParams]:
     """A "cpu-worker" :class:`AcceleratorSpec` and :class:`CostParams` measured on a machine.
 
     ``CostModel(accel, params=params)`` then predicts the profiled machine (one full share = the
     profile's largest thread count). Fields listed in :data:`UNPROFILED_PARAMS` keep their
-    documented :class:`CostParams` defaults.
+    documented :class:`CostParams` defaults. ``threads_per_device``: the torch threads a run
+    gives a device's full share; given, the profile must have measured the same
+    (:func:`check_full_share`).
 
     Raises:
-        InputError: a missing file, invalid YAML, a wrong version, a missing section or key, or
-            a value that is not a finite number in range.
+        InputError: a missing file, invalid YAML, a wrong version, a missing section or key, a
+            value that is not a finite number in range, or a full share of another thread count.
     """
-    accel, params = cost_inputs(read_profile(path), where=str(path))
+    doc = read_profile(path)
+    if threads_per_device is not None:
+        check_full_share(doc, threads_per_device, str(path))
+    accel, params = cost_inputs(doc, where=str(path))
     log.info("loaded profile %s: peak %.3g FLOP/s, iter overhead %.3g s", path,
              accel.peak_flops, params.iter_overhead_s)
     return accel, params
+
+
+def check_full_share(doc: dict[str, Any], threads_per_device: int, where: str) -> None:
+    """A profile's full share of a device (its largest thread count, ``fitted.full_share_threads``)
+    must be what the run gives a device (``threads_per_device`` torch threads; one per Ray CPU
+    worker by default).
+
+    Why: a profile of 1 and 2 threads prices a device at 2 threads; a run of one thread per
+    device then trains 1.6-1.8× slower than the scheduler believes and its prediction says
+    (measured on ``configs/real/bench-agents.yaml``: updates 0.15 s against 0.087 predicted).
+    A profile written before the field existed is not checked.
+
+    Raises:
+        InputError: the two differ.
+    """
+    fitted = doc.get("fitted")
+    top = fitted.get("full_share_threads") if isinstance(fitted, dict) else None
+    if top is None or top == threads_per_device:
+        return
+    raise InputError(
+        f"the profile measured a device's full share as {top} torch thread(s), but this run "
+        f"gives each device {threads_per_device}: the scheduler and the prediction would price "
+        "every pass at the wrong speed", where=where,
+        fix=f"profile with `jigsawrl profile --threads {threads_per_device} --out {where}` "
+            f"(the largest count is the full share), or give the run {top} thread(s) per device")
 
 
 def profile_probe_s(doc: dict[str, Any], where: str = "profile") -> float | None:

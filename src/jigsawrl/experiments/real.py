@@ -46,10 +46,13 @@ RewardFn = Callable[[str, Any], float]
 
 
 def real_belief(exp: Experiment, profile: str | Path | None = None, *,
+                threads_per_device: int | None = None,
                 speed_factor: float = 1.0) -> CostModel:
     """The cost model of a real pool: a ``jigsawrl profile`` of this machine (noise off), or the
     built-in, unmeasured ``cpu-worker`` preset when ``profile`` is None; ``speed_factor``: the
-    profiled machine that many times slower (:func:`jigsawrl.costmodel.speed.slower`).
+    profiled machine that many times slower (:func:`jigsawrl.costmodel.speed.slower`);
+    ``threads_per_device``: the run's, which the profile's full share must equal
+    (:func:`~jigsawrl.costmodel.profile.check_full_share`; None: not checked).
 
     The policies of a real run believe it (``run_real``'s ``profile``), as a simulated run's
     policies believe the simulator's cost model without its noise: a profile is measured before
@@ -67,7 +70,7 @@ def real_belief(exp: Experiment, profile: str | Path | None = None, *,
     from jigsawrl.costmodel.profile import load_profile
     from jigsawrl.costmodel.speed import slower
 
-    accel, params = load_profile(profile)
+    accel, params = load_profile(profile, threads_per_device)
     if speed_factor != 1.0:
         accel, params = slower(accel, params, speed_factor)
     return CostModel(accel, params=dataclasses.replace(params, devices_per_node=per_node))
@@ -176,8 +179,9 @@ def run_real(cfg: ExperimentConfig, *, policy: str | None = None, address: str |
         resume: continue every pipeline from its latest checkpoint under ``out_dir``.
         on_progress: called with ``(steps done, steps total)`` after every finished step.
         executor_hook: test hook, called with the started executor's instance (fault drills).
-        profile: a ``jigsawrl profile`` of this machine: the policy's belief cost model
-            (:func:`real_belief`; None: the built-in preset). The summary's ``belief_profile``
+        profile: a ``jigsawrl profile`` of this machine, measured at a full share of
+            ``threads_per_device`` threads: the policy's belief cost model (:func:`real_belief`;
+            None: the built-in preset). The summary's ``belief_profile``
             names it, so that the run's prediction gives its policy the same belief.
 
     Returns:
@@ -194,7 +198,7 @@ def run_real(cfg: ExperimentConfig, *, policy: str | None = None, address: str |
     Raises:
         ConfigError: see :func:`resolve_real`; also ``verl`` (auto), which needs two runs, and
             ``trainer.logger: [wandb]`` without wandb installed.
-        InputError: ``resume`` without a checkpoint.
+        InputError: ``resume`` without a checkpoint; a profile of another full share.
         jigsawrl.driver.loop.SchedulerStalled: the policy started nothing while nothing ran.
     """
     from jigsawrl.executors.raycluster import RayExecutor
@@ -216,6 +220,8 @@ def run_real(cfg: ExperimentConfig, *, policy: str | None = None, address: str |
                           fix="name one placement (verl-sized, verl-queue-K, verl-split, "
                               "verl-serial), or jigsaw, whose fallback runs the best verl "
                               "placement it predicts; `jigsawrl bench real` runs every one")
+    # before Ray starts: a profile of another full share fails here (InputError)
+    belief = real_belief(exp, profile, threads_per_device=threads_per_device)
     tracking = Tracking.from_config(full_cfg, out_dir, run_name=cfg.name or "real-run")
     executor = RayExecutor(exp, address=address, threads_per_device=threads_per_device,
                            cache_dir=cache_dir, reward_fns=reward_fns,
@@ -234,7 +240,7 @@ def run_real(cfg: ExperimentConfig, *, policy: str | None = None, address: str |
             on_progress(done, total)
 
     try:
-        result = drive(exp, pol, executor, real_belief(exp, profile), progress=progress)
+        result = drive(exp, pol, executor, belief, progress=progress)
         feed.feed(executor.synced_metrics)
         log_step_timings(tracking, result.events, offsets)
     finally:
