@@ -196,6 +196,10 @@ def test_dp_rollout_migrates_long_tail(shared_ray: Any, cache: Path) -> None:
     summary, events = run_with_policy(one_pipeline_dp2(), policy, cache)
     assert policy.done, "the rollout never had two busy ranks"
     check_run(summary, events, {"arithmetic": 1}, batch=4)
+    # the migrated requests resumed from their export: none was lost and regenerated (an
+    # export that raised on its live worker once sent every migrated request back to its
+    # prompt, and the run still finished)
+    assert summary["recovered"]["regenerated"] == 0 and summary["recovered"]["resumed"] == 0
     ranks = {s.rank for s in events if isinstance(s, Span) and s.stage in DECODE_BANDS}
     assert ranks == {0, 1}
     # the update ran data-parallel over both devices' workers
@@ -234,6 +238,7 @@ def test_a_rollout_spreads_onto_a_new_rank(shared_ray: Any, cache: Path) -> None
     summary, events = run_with_policy(one_pipeline_dp2(), policy, cache)
     assert policy.done, "the rollout never reported progress"
     check_run(summary, events, {"arithmetic": 1}, batch=4)
+    assert summary["recovered"]["regenerated"] == 0  # the exported ones resumed, not restarted
     decodes = {(s.rank, s.devices) for s in events if isinstance(s, Span)
                and s.stage in DECODE_BANDS}
     assert decodes == {(0, (0,)), (1, (1,))}

@@ -65,8 +65,10 @@ class Recovery:
         if sources is not None:
             # a migration's source died: its requests resume from their snapshots, and its
             # worker is replaced now (the source rank may have no call left to notice it).
-            # The cause is logged: an export can also fail on a live worker (seen once in ~50
-            # bench runs, its requests then regenerated), and only the error says why.
+            # The cause is logged: an export can also fail on a live worker (until 2026-12-07
+            # every one did — an AttributeError in the worker's export — and each migration's
+            # requests were regenerated from their prompts unnoticed), and only the error says
+            # why.
             log.warning("%s/%d/%s: a slice took in a migration's export that failed (%s: %s); "
                         "source device(s) %s", call.pipeline, call.step, call.stage,
                         type(exc).__name__, first_line(exc), list(sources))

@@ -166,7 +166,7 @@ class RolloutHost:
         if only is None or rk.session.done():
             del self.ranks[key]
         for item in items:
-            rk.versions.pop(item.state.request_id, None)
+            rk.versions.pop(item.request.state.request_id, None)
         log.info("device %d: exported %d requests of %s/%d rank %d", self.local.device,
                  len(items), name, step, rank)
         return items
