@@ -163,7 +163,8 @@ def check_full_share(doc: dict[str, Any], threads_per_device: int, where: str) -
 
     Why: a profile of 1 and 2 threads prices a device at 2 threads; a run of one thread per
     device then trains 1.6-1.8× slower than the scheduler believes and its prediction says
-    (measured on ``configs/real/bench-agents.yaml``: updates 0.15 s against 0.087 predicted).
+    (measured on the pipelines of ``configs/real/bench-tools.yaml``: updates 0.15 s against
+    0.087 predicted).
     A profile written before the field existed is not checked.
 
     Raises:
