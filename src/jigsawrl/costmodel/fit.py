@@ -69,7 +69,9 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class ProfileSettings:
-    """What ``jigsawrl profile`` measures (defaults: a < 60 s run for qwen2-1m at 1 and 2 threads).
+    """What ``jigsawrl profile`` measures (defaults: a < 60 s run for qwen2-1m at 1 thread — a
+    Ray CPU worker's full share; the largest count is the full share a run must give each
+    device, :func:`~jigsawrl.costmodel.profile.check_full_share`).
 
     ``decode_iters`` decode iterations are timed per (batch, prompt length) point, in each of
     ``repeats`` sweeps of the grid; a point keeps the median over sweeps of its per-sweep medians.
@@ -77,7 +79,7 @@ class ProfileSettings:
     """
 
     model: str = "qwen2-1m"
-    threads: tuple[int, ...] = (1, 2)
+    threads: tuple[int, ...] = (1,)
     batches: tuple[int, ...] = (1, 4, 16, 64)
     prompt_lens: tuple[int, ...] = (16, 192)
     decode_iters: int = 16
