@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 import pytest
-from hypothesis import HealthCheck, given, reject, settings
+from hypothesis import HealthCheck, example, given, reject, settings
 from hypothesis import strategies as st
 
 from jigsawrl.config import validate_config
@@ -132,6 +132,13 @@ def test_invariants_hold_for_every_run(pipes, devices, seed, policy) -> None:  #
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(pipes=st.lists(pipeline_st, min_size=1, max_size=3), devices=st.sampled_from([2, 4, 8]),
        seed=st.integers(0, 1000))
+# found by a CI run: a device where one pipeline's rank drained and another's rollout ended at
+# the same instant took both pipelines' streamed passes (sim/stream.py's StreamRuntime._free)
+@example(pipes=[{"model": "qwen3-0.6b", "task": "gsm8k", "batch_size": 2, "group_size": 2,
+                 "max_response_tokens": 1024, "steps": 2, "mode": "sync"},
+                {"model": "qwen3-4b", "task": "aime-tool", "batch_size": 4, "group_size": 1,
+                 "max_response_tokens": 1024, "steps": 1, "mode": "sync"}],
+         devices=4, seed=177)
 def test_in_tail_logprobs_share_no_device_and_keep_the_order(pipes, devices, seed) -> None:  # noqa: ANN001
     """jigsaw's in-tail log-probs (on, at the config's TP so that ranks drain, on its own plan):
     every invariant above, and a streamed pass never shares a device's compute with anything."""

@@ -183,13 +183,25 @@ class StreamRuntime:
     # ------------------------------------------------------------------ internals
     def _blocked(self, srv: StreamServer) -> bool:
         """A plain server: work on any of its devices. A tail server's pass in flight: one of
-        its devices is no longer idle (one without a pass: no device of its rollout is)."""
+        its devices is no longer idle (one without a pass: no device of its rollout is free)."""
         if not srv.tail:
             return self.busy(srv.devices)
-        assert self.idle is not None
         if srv.entry is not None:
-            return len(self.idle(srv.active)) < len(srv.active)
-        return not self.idle(srv.devices)
+            return len(self._free(srv, srv.active)) < len(srv.active)
+        return not self._free(srv, srv.devices)
+
+    def _free(self, srv: StreamServer, devices: tuple[int, ...]) -> tuple[int, ...]:
+        """Those of ``devices`` idle (``idle``) and not under another server's pass in flight.
+
+        Why the second: the cluster does not see the stream's passes, so two rollouts whose
+        drained ranks shared a device — one pipeline's rank drained there, another's rollout
+        ran there since and just ended — both found it idle at the same instant and each put a
+        pass on it (device over its compute: tests/test_invariants.py, seed 177)."""
+        assert self.idle is not None
+        taken = {d for other in self.servers.values() if other is not srv
+                 and other.entry is not None
+                 for d in (other.active if other.tail else other.devices)}
+        return tuple(d for d in self.idle(devices) if d not in taken)
 
     def _kick(self, srv: StreamServer) -> None:
         if srv.entry is not None or self._blocked(srv):
@@ -222,7 +234,7 @@ class StreamRuntime:
             if srv.left_s > body:
                 srv.loaded.discard((srv.todo[0], srv.active))
             frac = min(srv.left_s, body) / body if body > 0 else 0.0
-        devices = self.idle(srv.devices)
+        devices = self._free(srv, srv.devices)
         n, stage = len(devices), srv.todo[0]
         body_s, srv.flops = pass_seconds(self.cost, srv.pipe, stage, n, srv.batch)
         srv.load_s = (0.0 if (stage, devices) in srv.loaded
