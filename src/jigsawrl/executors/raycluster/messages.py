@@ -131,11 +131,12 @@ class StageRequest:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StageResult(Timed):
     """A model pass: its threads, the update's metrics (empty for log-probs) and the timings of
-    its data-parallel helpers (one per helper device, in order)."""
+    its data-parallel helpers (one per helper device, in order: a span, or for an update of
+    several PPO epochs one span per round)."""
 
     threads: int
     metrics: dict[str, float] = field(default_factory=dict)
-    helpers: tuple[Timed, ...] = ()
+    helpers: tuple[Timed | tuple[Timed, ...], ...] = ()
     # where the call's wall time went (callclock.py): process CPU, garbage collection, the
     # model pass itself, an onload for it and the step's batch build, in seconds
     clock: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0, 0.0)

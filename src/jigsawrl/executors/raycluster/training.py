@@ -118,10 +118,11 @@ class Training:
         absolute = pipe.offset + call.step
         if isinstance(res, StageResult) and call.stage in MODEL_PASSES:
             self.clocks.add(call.pipeline, call.stage, res.seconds, res.clock)
-            # data-parallel helpers: a span on each one's device
+            # data-parallel helpers: a span on each one's device (one per PPO-epoch round)
             for rank, (dev, helper) in enumerate(zip(call.helpers, res.helpers, strict=False),
                                                  start=1):
-                self.state.span(replace(call, devices=(dev,)), call.stage, helper, rank)
+                for piece in helper if isinstance(helper, tuple) else (helper,):
+                    self.state.span(replace(call, devices=(dev,)), call.stage, piece, rank)
             if call.stage == Stage.ACTOR_UPDATE:
                 pipe.metrics.setdefault(absolute, {}).update(res.metrics)
         elif isinstance(res, RewardResult):

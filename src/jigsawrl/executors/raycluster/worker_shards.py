@@ -158,16 +158,19 @@ class UpdateRounds:
             out.append(ShardGrads([None] * len(params), sums))
         return out
 
-    def timings(self) -> tuple[Timed, ...]:
-        """One span per helper from its first epoch's start to its last epoch's end (a
-        helper lost before its first answer reports an empty span at the holder's clock)."""
-        return tuple(Timed(t_start=shards[0].t_start, t_end=shards[-1].t_end,
-                           tokens=sum(r.tokens for r in shards)) if shards else empty_span()
+    def timings(self) -> tuple[tuple[Timed, ...], ...]:
+        """Per helper, one span per epoch round it answered (a helper lost before its first
+        answer: one empty span at the holder's clock). Not one span from the first round's
+        start to the last one's end: between rounds the helper's worker is free and runs other
+        calls (a rollout slice ran there in a chaos drill, and the merged span put the device
+        at 1.5 of its compute)."""
+        return tuple(tuple(Timed(t_start=r.t_start, t_end=r.t_end, tokens=r.tokens)
+                           for r in shards) if shards else (empty_span(),)
                      for shards in self.spans)
 
 
 def combine_shards(pipe: Any, req: StageRequest, data: Any, helpers: list[Any],
-                   actors: list[Any]) -> tuple[Any, tuple[Timed, ...]]:
+                   actors: list[Any]) -> tuple[Any, tuple[Timed | tuple[Timed, ...], ...]]:
     """The holder's shard (rows ``req.bounds[0]``) plus the helpers' (``helpers``: their
     ``ObjectRef`` s, rows ``req.bounds[1:]``; ``actors``: their workers, called again for each
     later PPO epoch); returns the stage's result (the update's metrics, or None: the log-probs

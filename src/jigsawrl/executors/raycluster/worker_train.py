@@ -135,7 +135,7 @@ class TrainHost:
             t_onload = time.perf_counter()
             self.onload(name, state)
             clock.onload_s = time.perf_counter() - t_onload
-        timings: tuple[Timed, ...] = ()
+        timings: tuple[Timed | tuple[Timed, ...], ...] = ()
         with self.local.locks[name]:
             t_build = time.perf_counter()
             data = self.step_data(name, req.step, trajectories, rewards)
