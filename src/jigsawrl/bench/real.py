@@ -347,7 +347,7 @@ def run_bench_real(spec: BenchRealSpec, *, on_run: OnRun | None = None) -> Bench
     cfg = spec.load()
     labels, left = expand_labels(spec.policies, cfg)
     resolve_real(cfg)  # a bad config is an error of the config, not a skip of every policy
-    profile = _profile_path(spec.profile, spec.threads_per_device)
+    profile = profile_path(spec.profile, spec.threads_per_device)
     compare = BenchCompare([], [cfg.seed], "verl", repeats=spec.repeats)
     compare.skipped.update(left)
     result = BenchRealResult(cfg, compare, profile=profile)
@@ -397,8 +397,10 @@ def _load() -> float | None:
         return None
 
 
-def _profile_path(profile: Path | None, threads_per_device: int) -> str | None:
-    """The profile to predict with: the given one, else profiles/cpu.yaml if present."""
+def profile_path(profile: Path | None, threads_per_device: int) -> str | None:
+    """The profile a real run believes and is predicted with: the given one, else
+    profiles/cpu.yaml if present; checked now, before any Ray start (``bench real`` and
+    ``run --ray`` alike)."""
     if profile is None and DEFAULT_PROFILE.is_file():
         profile = DEFAULT_PROFILE
     if profile is not None:

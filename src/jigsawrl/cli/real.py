@@ -40,19 +40,15 @@ def ray_run_command(config: Path, overrides: list[str], out: Path | None,
                     profile: Path | None = None) -> None:
     """``jigsawrl run --ray``: all pipelines together through the Ray executor, with a progress
     bar, then measured beside predicted (calibrate.py), the timeline and the reward curves."""
-    from jigsawrl.bench.real import DEFAULT_PROFILE
+    from jigsawrl.bench.real import profile_path
     from jigsawrl.config import load_config
 
     console = Console()
     cfg = load_config(config, overrides)
-    if profile is None and DEFAULT_PROFILE.is_file():
-        profile = DEFAULT_PROFILE
-    if profile is not None:
-        from jigsawrl.costmodel.profile import load_profile
-
-        # a bad profile (or one of another full share than run_real's one thread per device)
-        # fails now, not after Ray started
-        load_profile(profile, threads_per_device=1)
+    # a bad profile (or one of another full share than run_real's one thread per device)
+    # fails now, not after Ray started
+    found = profile_path(profile, threads_per_device=1)
+    profile = Path(found) if found is not None else None
     from jigsawrl.experiments.real import run_real
 
     total = sum(p.steps for p in cfg.pipelines)
