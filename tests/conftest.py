@@ -30,6 +30,7 @@ class FakeCost:
         s_sat = 0.4
         train_eff = 0.4
         rollout_shares_prompt = False
+        rollout_engine_limits = False
 
     def decode_iter_time_s(self, model, tp, batch, ctx, share=1.0):  # noqa: ANN001
         return self.decode_iter_s

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from jigsawrl.sim.rollout import RolloutInstance
+import heapq
+from types import SimpleNamespace
+
+import pytest
+
+from jigsawrl.sim.rollout import RolloutInstance, engine_limits
 from jigsawrl.stages import Stage, decode_band
 from jigsawrl.workload.models import MODELS
 from jigsawrl.workload.requests import RequestTruth, TurnTruth
@@ -163,3 +168,96 @@ def test_shared_prompt_not_after_migration_or_tool_turn(fake_cost) -> None:  # n
     inst.add([req("p/0/0/0", 10, 1, 1, tool_result=5), req("p/0/0/1", 10, 1, 1, tool_result=5)])
     prefills = [seg for seg in run(inst) if seg[0] == Stage.PREFILL]
     assert [round(b - a, 6) for _, a, b, _ in prefills] == [0.1, 0.1]  # 10 once, then 5 + 5
+
+
+# ----------------------------------------------------------------- jigsawrl's engine's limits
+
+def run_with_tools(inst: RolloutInstance, tool_s: float) -> list[tuple[str, float, int]]:
+    """Drive the instance with tool results due ``tool_s`` after each call (no interrupts);
+    returns (kind, start, tokens) per segment."""
+    t, out, due = 0.0, [], []
+    while not inst.done:
+        while due and due[0][0] <= t + 1e-9:
+            inst.tool_returned(heapq.heappop(due)[2])
+        seg = inst.next_segment(t, 1.0)
+        if seg is None:
+            t = due[0][0]
+            continue
+        res = inst.finish_segment(seg)
+        out.append((seg.kind, round(t, 6), seg.tokens))
+        t += seg.duration_s
+        for r in res.tool_calls:
+            heapq.heappush(due, (t + tool_s, id(r), r))
+    return out
+
+
+@pytest.fixture
+def engine_cost(fake_cost):  # noqa: ANN001, ANN201
+    class Engine(type(fake_cost)):
+        class params(type(fake_cost).params):  # noqa: N801
+            rollout_engine_limits = True
+    return Engine()
+
+
+def prefills(timeline: list[tuple[str, float, int]]) -> list[int]:
+    return [tokens for kind, _, tokens in timeline if kind == Stage.PREFILL]
+
+
+def test_engine_limits_size_an_instance_from_the_spec(fake_cost, engine_cost) -> None:  # noqa: ANN001
+    spec = SimpleNamespace(rollout=SimpleNamespace(max_batch_tokens=4096, max_num_seqs=128))
+    assert engine_limits(fake_cost, spec, 10**6) == {"kv_budget_tokens": 10**6}
+    assert engine_limits(engine_cost, spec, 10**6) == {"kv_budget_tokens": 4096,
+                                                        "max_num_seqs": 128}
+    assert engine_limits(engine_cost, spec, 100)["kv_budget_tokens"] == 100  # memory binds
+
+
+def test_engine_keeps_a_paused_cache_while_there_is_room(engine_cost) -> None:  # noqa: ANN001
+    inst = RolloutInstance("x", M, 1, engine_cost, kv_budget_tokens=10_000)
+    inst.add([req("a", 10, 2, 3, tool_result=5)])
+    seen = []
+    t = 0.0
+    while not inst.done:
+        seg = inst.next_segment(t, 1.0)
+        res = inst.finish_segment(seg)
+        t += seg.duration_s
+        seen.append((seg.tokens if seg.kind == Stage.PREFILL else None, inst.paused_ctx))
+        for r in res.tool_calls:
+            inst.tool_returned(r)
+    # held 12 tokens (prompt + 2 generated) while paused; the result alone is prefilled after
+    assert [p for p, _ in seen if p is not None] == [10, 5]
+    assert inst.paused_ctx == 0
+
+
+def test_engine_evicts_a_paused_cache_when_decode_needs_it(engine_cost) -> None:  # noqa: ANN001
+    # budget 30: "a" pauses holding 11 tokens; "b" grows to 19 + 11 = 30, then needs a's room
+    inst = RolloutInstance("x", M, 1, engine_cost, kv_budget_tokens=30)
+    inst.add([req("a", 10, 1, 1, tool_result=5), req("b", 10, 20)])
+    # evicted: a re-prefills prompt + generated + tool result (16), not the result alone (5)
+    assert prefills(run_with_tools(inst, tool_s=100.0)) == [20, 16]
+    # the same without the engine's limits: a tool turn frees the cache, the result is prefilled
+    inst = RolloutInstance("x", M, 1, type(engine_cost).__mro__[1](), kv_budget_tokens=30)
+    inst.add([req("a", 10, 1, 1, tool_result=5), req("b", 10, 20)])
+    assert prefills(run_with_tools(inst, tool_s=100.0)) == [20, 5]
+
+
+def test_engine_preempts_a_returning_request_without_room(engine_cost) -> None:  # noqa: ANN001
+    # "a" returns while "b" holds 19 of 30 tokens: a's 16 do not fit, so the engine preempts it
+    # (its cache freed) and it re-prefills in full once b is done
+    inst = RolloutInstance("x", M, 1, engine_cost, kv_budget_tokens=30)
+    inst.add([req("a", 10, 1, 1, tool_result=5), req("b", 10, 12)])
+    assert prefills(run_with_tools(inst, tool_s=1.0)) == [20, 16]
+
+
+def test_engine_drops_paused_caches_on_export(engine_cost) -> None:  # noqa: ANN001
+    inst = RolloutInstance("x", M, 1, engine_cost, kv_budget_tokens=10_000)
+    inst.add([req("a", 10, 1, 1, tool_result=5), req("b", 10, 20)])
+    inst.finish_segment(inst.next_segment(0.0, 1.0))
+    res = inst.finish_segment(inst.next_segment(0.2, 1.0))
+    (a,) = res.tool_calls
+    assert inst.paused_ctx == 11
+    _, runs = inst.export_unfinished(None, 1.2)  # migrated: b goes, a's cache is dropped
+    assert inst.paused_ctx == 0 and [r.truth.sample_id for r in runs] == ["b"]
+    other = RolloutInstance("y", M, 1, engine_cost, kv_budget_tokens=10_000)
+    other.tool_waiting = 1  # moved with the rank's requests, as a migration does
+    other.tool_returned(a)  # its tool answers on the rank it moved to
+    assert a.prefill_tokens == 16

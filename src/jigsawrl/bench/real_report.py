@@ -64,7 +64,7 @@ def speed_note(cal: Calibration | None) -> str | None:
             if pool.get(key, {}).get("rel_error") is not None]
     pace = ("slower" if cal.speed_factor >= 1 else "faster")
     ratio = cal.speed_factor if cal.speed_factor >= 1 else 1 / cal.speed_factor
-    return (f"speed probe (once, before the clock): this run's machine {ratio:.2f}× {pace} "
+    return (f"speed probe (before and after the run): this run's machine {ratio:.2f}× {pace} "
             f"than at profile time; prediction scaled to it: "
             f"{', '.join(errs) or 'nothing to compare'} (on a VM whose speed moves within "
             f"seconds the probe can miss the run's speed: docs/BENCHMARKS.md, \"Speed probe\")")

@@ -39,6 +39,7 @@ def cpu_worker_params(devices_per_node: int | None = None) -> CostParams:
     ``CostParams``'s."""
     params = CostParams(s_sat=CPU_WORKER_S_SAT, serial_slice_s=CPU_WORKER_SLICE_S,
                         rollout_shares_prompt=True,  # what jigsawrl's engine does
+                        rollout_engine_limits=True,  # ... and its limits
                         **CPU_WORKER_PINNED)  # type: ignore[arg-type]
     if devices_per_node is None:
         return params

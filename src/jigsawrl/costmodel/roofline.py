@@ -128,6 +128,14 @@ class CostParams:
     # False for the GPU presets, whose fits to published runs charge every row (vLLM's prefix
     # cache would share the prompt too: not modelled there).
     rollout_shares_prompt: bool = False
+    # The rollout runs jigsawrl's own engine (engine/admission.py), whose limits the simulator
+    # then honours: at most the pipeline's ``rollout.max_num_seqs`` requests decode at once and
+    # its ``rollout.max_batch_tokens`` is the KV budget (of running requests and of requests
+    # paused for a tool, which keep their cache until the budget needs it: evicted, they
+    # re-prefill their whole context when the tool answers). True for the CPU workers
+    # (cpu_worker_params, and so every profile); False for the GPU presets, whose engines
+    # (vLLM, SGLang) are sized by device memory and keep no cache across a tool call here.
+    rollout_engine_limits: bool = False
     # With both flags above: what one more forward call of the shared-prompt forward costs (a
     # response bucket's, or a further micro-batch's prompt call), in positions of the pass's
     # own line — per-call Python and per-layer launches, and the KV rows repeated for the

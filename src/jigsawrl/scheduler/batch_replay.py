@@ -32,7 +32,7 @@ from jigsawrl.costmodel.protocol import CostModelProtocol
 from jigsawrl.graph.build import rank_segments
 from jigsawrl.scheduler.base import PipelineView
 from jigsawrl.sim.dispatch import dispatch_requests
-from jigsawrl.sim.rollout import RolloutInstance
+from jigsawrl.sim.rollout import RolloutInstance, engine_limits
 from jigsawrl.workload.requests import RequestTruth
 from jigsawrl.workload.task_presets import TASKS, RequestSampler
 
@@ -129,11 +129,11 @@ def instances(cost: CostModelProtocol, pv: PipelineView, kv_mem: float,
     """A maker of ``pv``'s empty rollout instances at its rollout TP with the KV budget of
     ``kv_mem`` bytes per device (named ``prefix/name``), and that budget in tokens."""
     tp = pv.spec.rollout_tp
-    kv = max(1, cost.kv_budget_tokens(pv.model, tp, max(kv_mem, 1.0)))
+    limits = engine_limits(cost, pv.spec, cost.kv_budget_tokens(pv.model, tp, max(kv_mem, 1.0)))
 
     def instance(name: str) -> RolloutInstance:
-        return RolloutInstance(f"{prefix}/{name}", pv.model, tp, cost, kv_budget_tokens=kv)
-    return instance, kv
+        return RolloutInstance(f"{prefix}/{name}", pv.model, tp, cost, **limits)
+    return instance, limits["kv_budget_tokens"]
 
 
 def plain_s(chunks: list[list[RequestTruth]], instance: NewInstance) -> float:

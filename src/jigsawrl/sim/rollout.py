@@ -21,6 +21,16 @@ Model of the engine (vLLM-like; simplifications say so):
   queue, re-prefilled later — vLLM's recompute preemption).
 - Multi-turn: a turn that ends in a tool call frees the request's KV; when the tool answers the
   request re-queues and prefills only the tool-result tokens (assumes a prefix-cache hit).
+- jigsawrl's own engine (``CostParams.rollout_engine_limits``: the CPU workers and every
+  profile; :func:`engine_limits` sizes the instance) works as ``engine/admission.py`` does:
+  at most the pipeline's ``rollout.max_num_seqs`` requests run, its ``rollout.max_batch_tokens``
+  is the KV budget, and a request paused for a tool *keeps* its cache, counted in the budget;
+  when admission or a decode needs the room, paused caches are evicted (oldest pause first)
+  before a running request is preempted, and an evicted request re-prefills its whole context
+  when its tool answers. A returning request goes first in line (the engine puts it straight
+  back into the batch). Not modelled: the engine enforces its budget every iteration and
+  re-admits a preempted request as soon as evicting paused caches makes room, which cascades on
+  a tight budget (docs/BENCHMARKS.md, "The engine's limits").
 - Requests can be exported mid-flight (:meth:`export_unfinished`) and added to another instance,
   which re-prefills prompt + generated tokens (the migration cost of JigsawRL's sub-stage merging).
 
@@ -36,17 +46,32 @@ import itertools
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from jigsawrl.costmodel.protocol import CostModelProtocol
 from jigsawrl.stages import Stage, decode_band
 from jigsawrl.workload.models import ModelSpec
 from jigsawrl.workload.requests import RequestTruth
 
+if TYPE_CHECKING:
+    from jigsawrl.config import PipelineSpec
+
 # Admission numbers, shared by every instance: a request taken off one instance (preempted,
 # exported) leaves heap entries behind that name its old admission, and a number that another
 # instance could hand out again would make such an entry look live. Only their order within one
 # instance matters (ties, preemption), so sharing the counter changes no result.
 _ADMISSIONS = itertools.count()
+
+
+def engine_limits(cost: CostModelProtocol, spec: PipelineSpec, kv_tokens: int) -> dict[str, int]:
+    """The sizing arguments of an instance of ``spec``'s rollout whose device memory holds
+    ``kv_tokens`` of KV: that budget alone, or with ``CostParams.rollout_engine_limits`` (the
+    rollout runs jigsawrl's engine) also the engine's own KV budget and batch limit."""
+    if not cost.params.rollout_engine_limits:
+        return {"kv_budget_tokens": max(1, kv_tokens)}
+    ro = spec.rollout
+    return {"kv_budget_tokens": max(1, min(kv_tokens, ro.max_batch_tokens)),
+            "max_num_seqs": ro.max_num_seqs}
 
 
 @dataclass(slots=True, eq=False)
@@ -110,6 +135,12 @@ class RolloutInstance:
         self.max_num_seqs = max_num_seqs
         self.max_prefill_tokens = max_prefill_tokens
         self._shares_prompt = cost.params.rollout_shares_prompt
+        # jigsawrl's engine: a request paused for a tool keeps its cache (request -> cached
+        # tokens, oldest pause first) until the budget needs the room (see the module docstring)
+        self._holds_paused = cost.params.rollout_engine_limits
+        self._paused: dict[ReqRun, int] = {}
+        self.paused_ctx = 0
+        self._rejoining: set[ReqRun] = set()  # returned with their cache, not yet admitted
         self.queue: deque[ReqRun] = deque()
         self._heap: list[tuple[int, int, ReqRun]] = []
         self._order = _ADMISSIONS  # unique over instances: a moved request's entries here go stale
@@ -135,7 +166,16 @@ class RolloutInstance:
     def tool_returned(self, req: ReqRun) -> None:
         """A tool answered: the request re-queues to prefill the result and go on."""
         self.tool_waiting -= 1
-        self.queue.append(req)
+        if not self._holds_paused:
+            self.queue.append(req)
+            return
+        held = self._paused.pop(req, None)
+        if held is None:  # its cache was evicted (or it paused on another instance)
+            req.prefill_tokens = req.ctx
+        else:
+            self.paused_ctx -= held
+            self._rejoining.add(req)
+        self.queue.appendleft(req)
 
     # ------------------------------------------------------------------ state
     @property
@@ -170,17 +210,33 @@ class RolloutInstance:
         if self.n_running == 0:
             return None
         iters = self._next_finish() - self.it
-        room = (self.kv_budget - self.total_ctx) // self.n_running
-        while room < 1 and self.n_running > 1:
-            self._preempt()
+        room = self._room()
+        while room < 1 and (self._paused or self.n_running > 1):
+            if not self._evict_paused():
+                self._preempt()
             iters = self._next_finish() - self.it
-            room = (self.kv_budget - self.total_ctx) // self.n_running
+            room = self._room()
         iters = max(1, min(iters, room))
         b, c = self.n_running, self.total_ctx
         eff = share if decode_share is None else decode_share
         dur = self.cost.decode_span_time_s(self.model, self.tp, b, c, iters, eff)
         flops = self.cost.decode_flops(self.model, b, c, iters)
         return Segment(decode_band(b), now_s, dur, iters, b, c, b * iters, flops, share)
+
+    def _room(self) -> int:
+        """Decode iterations before the running contexts (and held paused caches) outgrow the
+        KV budget."""
+        return (self.kv_budget - self.total_ctx - self.paused_ctx) // self.n_running
+
+    def _evict_paused(self) -> bool:
+        """Free the cache of the oldest request paused for a tool (it re-prefills its whole
+        context when the tool answers); False if none holds one."""
+        if not self._paused:
+            return False
+        req = next(iter(self._paused))
+        self.paused_ctx -= self._paused.pop(req)
+        req.prefill_tokens = req.ctx
+        return True
 
     def _next_finish(self) -> int:
         """The iteration at which the next running request ends its turn (stale heap entries of
@@ -195,14 +251,22 @@ class RolloutInstance:
         tokens = 0
         while self.queue and self.n_running < self.max_num_seqs:
             r = self.queue[0]
-            if self.total_ctx + r.ctx + self.n_running + 1 > self.kv_budget and self.n_running:
+            need = self.total_ctx + r.ctx + self.n_running + 1
+            while need + self.paused_ctx > self.kv_budget and self._evict_paused():
+                pass
+            if need + self.paused_ctx > self.kv_budget and self.n_running:
                 break
+            self._rejoining.discard(r)
             if admitted and tokens + r.prefill_tokens > self.max_prefill_tokens:
                 break
             self.queue.popleft()
             tokens += r.prefill_tokens
             admitted.append(r)
             self._start_running(r)
+        if self._rejoining:  # no room for them: the engine preempts them, caches freed
+            for r in self._rejoining:
+                r.prefill_tokens = r.ctx
+            self._rejoining.clear()
         return admitted
 
     def _start_running(self, r: ReqRun) -> None:
@@ -258,8 +322,10 @@ class RolloutInstance:
 
         A decode segment in flight is cut at ``now_s`` first (its finished turns are returned in
         the result); a prefill in flight is lost (its requests re-prefill at the destination).
-        Tool-waiting requests stay with the caller's tool events (``tool_waiting`` is untouched).
+        Tool-waiting requests stay with the caller's tool events (``tool_waiting`` is untouched);
+        caches held for them are dropped (they re-prefill their whole context where they return).
         """
+        self._drop_paused()
         res = SegmentResult()
         if seg is not None and seg.iters:
             res, _ = self.interrupt(seg, now_s)
@@ -274,6 +340,11 @@ class RolloutInstance:
         for r in runs:
             r.prefill_tokens = r.ctx
         return res, runs
+
+    def _drop_paused(self) -> None:
+        while self._evict_paused():
+            pass
+        self._rejoining.clear()
 
     def export_some(self, count: int, *, queued_only: bool = False) -> list[ReqRun]:
         """Take up to ``count`` unfinished requests off this instance (a rollout spreading onto
@@ -290,6 +361,7 @@ class RolloutInstance:
                 out.append(self._take_latest())
         for r in out:
             r.prefill_tokens = r.ctx
+            self._rejoining.discard(r)
         return out
 
     # ------------------------------------------------------------------ progress
@@ -329,6 +401,9 @@ class RolloutInstance:
         turn = r.truth.turns[r.turn]
         self._remove(r)
         if r.turn + 1 < len(r.truth.turns):
+            if self._holds_paused:  # the engine keeps its cache while the tool runs
+                self._paused[r] = r.ctx
+                self.paused_ctx += r.ctx
             r.turn += 1
             r.left = r.truth.turns[r.turn].response_tokens
             r.ctx += turn.tool_result_tokens

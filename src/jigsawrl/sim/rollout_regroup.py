@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from jigsawrl.costmodel.protocol import CostModelProtocol
 from jigsawrl.sim.kernel import EventQueue
-from jigsawrl.sim.rollout import ReqRun, RolloutInstance
+from jigsawrl.sim.rollout import ReqRun, RolloutInstance, engine_limits
 from jigsawrl.sim.rollout_state import RankRun, RolloutTask
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ class RegroupMixin:
         model, tp = task.pipe.model, len(devices)
         kv = self.cost.kv_budget_tokens(model, tp, task.kv_mem_bytes)
         dst.inst = RolloutInstance(f"{tid}/{dst_rank}", model, tp, self.cost,
-                                   kv_budget_tokens=max(1, kv))
+                                   **engine_limits(self.cost, task.pipe.spec, kv))
         dst.inst.add_runs(runs)
         dst.inst.tool_waiting = waiting
         dst.devices = tuple(devices)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from jigsawrl.costmodel.protocol import CostModelProtocol
 from jigsawrl.sim.kernel import EventQueue
-from jigsawrl.sim.rollout import ReqRun, RolloutInstance
+from jigsawrl.sim.rollout import ReqRun, RolloutInstance, engine_limits
 from jigsawrl.sim.rollout_state import RankRun, RolloutTask
 
 log = logging.getLogger(__name__)
@@ -63,11 +63,12 @@ class SpreadMixin:
         live = [r for r in task.ranks if r.redirect is None]
         share = live[0].share if live else 1.0
         model = task.pipe.model
-        kv = max(1, self.cost.kv_budget_tokens(model, tp, task.kv_mem_bytes))
+        limits = engine_limits(self.cost, task.pipe.spec,
+                               self.cost.kv_budget_tokens(model, tp, task.kv_mem_bytes))
         new: list[RankRun] = []
         for g in range(0, len(devices), tp):
             index = len(task.ranks)
-            inst = RolloutInstance(f"{tid}/{index}", model, tp, self.cost, kv_budget_tokens=kv)
+            inst = RolloutInstance(f"{tid}/{index}", model, tp, self.cost, **limits)
             # a new engine with the rollout's weights: a rank's set-up where a worker has one
             # (a CPU worker builds it from the weights it holds), else a weight sync onto it
             rank = RankRun(inst, devices[g:g + tp], share, index=index, owner=task,

@@ -25,7 +25,7 @@ from jigsawrl.sim.contention import BandwidthContention
 from jigsawrl.sim.gates import DeviceGates
 from jigsawrl.sim.kernel import PRIO_ARRIVAL, PRIO_FINISH, PRIO_WAKE, EventQueue
 from jigsawrl.sim.listener import SimListener
-from jigsawrl.sim.rollout import ReqRun, RolloutInstance, Segment, SegmentResult
+from jigsawrl.sim.rollout import ReqRun, RolloutInstance, Segment, SegmentResult, engine_limits
 from jigsawrl.sim.rollout_calls import WorkerCallsMixin
 from jigsawrl.sim.rollout_first_b import FirstBatchMixin
 from jigsawrl.sim.rollout_gates import GatedRanksMixin
@@ -91,7 +91,7 @@ class RolloutRuntime(GatedRanksMixin, FirstBatchMixin, WorkerCallsMixin, Regroup
         task = RolloutTask(tid, pipe, step, [], first_b=first_b, kv_mem_bytes=kv_mem_bytes, tp=tp)
         for r, chunk in enumerate(chunks):
             inst = RolloutInstance(f"{tid}/{r}", pipe.model, tp, self.cost,
-                                   kv_budget_tokens=max(1, kv_tokens))
+                                   **engine_limits(self.cost, pipe.spec, kv_tokens))
             inst.add(chunk)
             task.ranks.append(RankRun(inst, devices[r * tp:(r + 1) * tp], share, index=r,
                                       owner=task, setup_due=self.setup_s > 0))

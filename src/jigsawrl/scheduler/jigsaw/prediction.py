@@ -17,7 +17,7 @@ from jigsawrl.graph.build import post_rollout_stages, rank_segments, split_ranks
 from jigsawrl.graph.predict import HistoryPredictor
 from jigsawrl.scheduler.base import PipelineView, View
 from jigsawrl.scheduler.verl_placements import prior_prompt_tokens
-from jigsawrl.sim.rollout import RolloutInstance
+from jigsawrl.sim.rollout import RolloutInstance, engine_limits
 from jigsawrl.stages import Stage
 from jigsawrl.workload.task_presets import TASKS
 
@@ -98,7 +98,7 @@ class StepPredictions:
         # The predictor deals lengths round-robin, so rank 0 holds the longest request and a
         # representative mix: its predicted timeline is the rollout's (cheap: one rank, not n).
         inst = RolloutInstance(f"{pv.name}/{step}/pred", pv.model, spec.rollout_tp, view.cost,
-                               kv_budget_tokens=max(kv, 1))
+                               **engine_limits(view.cost, spec, kv))
         inst.add(split_ranks(reqs, n_ranks)[0])
         segs = rank_segments(inst)
         gen = segs[-1][2] if segs else 0.0

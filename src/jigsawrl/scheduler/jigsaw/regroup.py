@@ -27,7 +27,7 @@ from jigsawrl.graph.build import rank_segments
 from jigsawrl.scheduler.base import PipelineView, Regroup, RunningTask, View
 from jigsawrl.scheduler.batch_replay import NewInstance, RanksReplay, plain_s
 from jigsawrl.scheduler.verl_placements import prior_requests
-from jigsawrl.sim.rollout import ReqRun, RolloutInstance
+from jigsawrl.sim.rollout import ReqRun, RolloutInstance, engine_limits
 from jigsawrl.workload.requests import RequestTruth
 from jigsawrl.workload.task_presets import TASKS
 
@@ -92,9 +92,8 @@ def replay_s(cost: CostModelProtocol, pv: PipelineView, chunks: list[list[Reques
         t = max(at, segs[-1][2]) if segs else at
         handed = max(handed, t)
         runs += rank.export_unfinished(None, t)[1]
-    group = RolloutInstance(f"{pv.name}/regroup", pv.model, group_tp, cost,
-                            kv_budget_tokens=max(1, cost.kv_budget_tokens(
-                                pv.model, group_tp, max(kv_mem, 1.0))))
+    group = RolloutInstance(f"{pv.name}/regroup", pv.model, group_tp, cost, **engine_limits(
+        cost, pv.spec, cost.kv_budget_tokens(pv.model, group_tp, max(kv_mem, 1.0))))
     group.add_runs(runs)
     start = handed + cost.weight_sync_time_s(pv.model, group_tp, group_tp)
     regs = rank_segments(group, t0=start)
