@@ -1,7 +1,11 @@
 """``jigsawrl bench real``: several real pipelines under each policy, measured and predicted.
 
-What: :func:`run_bench_real` runs one real multi-pipeline config (``configs/real/bench.yaml``:
-``countdown``, ``calculator`` with a tool latency, ``search``) on the local pool under each policy
+What: :func:`run_bench_real` runs one real multi-pipeline config (by default
+``configs/real/bench-tools.yaml``: four pipelines on two devices, three of them waiting 0.5 s on
+each tool call — the room for multiplexing issue 14 asks a bench to have, which a user running
+agents would recognise; ``configs/real/bench.yaml``, three pipelines with short tool waits, is
+the compute-bound case where a queue of single-device jobs leaves nothing to fill) on the local
+pool under each policy
 — every verl placement, ``greedy`` and ``jigsaw`` by default, same config, same seed — through
 :func:`jigsawrl.experiments.real.run_real`, ``repeats`` times each, and for each run asks
 :mod:`jigsawrl.experiments.calibrate` for the simulator's prediction of it (the same workload
@@ -63,7 +67,7 @@ from jigsawrl.experiments.compare import CANNOT_RUN, NUMERIC_FIELDS, CompareResu
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CONFIG = Path("configs/real/bench.yaml")
+DEFAULT_CONFIG = Path("configs/real/bench-tools.yaml")
 DEFAULT_PROFILE = Path("profiles/cpu.yaml")
 POLICIES: tuple[str, ...] = ("verl-serial", "verl-split", "verl-sized", "verl-queue", "greedy",
                              "jigsaw")

@@ -367,7 +367,7 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
 
     @bench_app.command("real")
     def real(config: Annotated[Path, typer.Option(help="real multi-pipeline config")] = Path(
-                 "configs/real/bench.yaml"),
+                 "configs/real/bench-tools.yaml"),
              quick: Annotated[bool, typer.Option(
                  help="3 steps per pipeline (~3 min on 2 cores, start-ups included)")] = False,
              policies: Annotated[str, typer.Option(
