@@ -97,8 +97,11 @@ class RolloutSpec(_Strict):
 
     temperature: float = Field(1.0, ge=0, le=10, description="sampling temperature, 0 = greedy")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus-sampling mass")
-    max_batch_tokens: int = Field(4096, ge=1, le=10_000_000,
-                                  description="continuous-batching token budget")
+    max_batch_tokens: int = Field(
+        4096, ge=1, le=10_000_000,
+        description="the engine's KV budget in tokens (running requests and those paused for a "
+                    "tool); size it to hold max_num_seqs requests at their longest, or the engine "
+                    "evicts and re-prefills contexts (docs/BENCHMARKS.md, \"The engine's limits\")")
     tool_latency_s: float = Field(0.0, ge=0, le=3600,
                                   description="extra latency added to each tool call")
     max_num_seqs: int = Field(64, ge=1, le=100_000, description="most requests decoding at once")
