@@ -27,7 +27,14 @@ from jigsawrl.events import PipelineFailed, SampleFinished, Span, StepFinished  
 from jigsawrl.executors.raycluster import RayExecutor, rollout_band  # noqa: E402
 from jigsawrl.experiments.real import run_real  # noqa: E402
 from jigsawrl.experiments.resolve import resolve_real  # noqa: E402
-from jigsawrl.scheduler.base import Decision, Migrate, Spread, StartRollout, View  # noqa: E402
+from jigsawrl.scheduler.base import (  # noqa: E402
+    NOT_REPORTED,
+    Decision,
+    Migrate,
+    Spread,
+    StartRollout,
+    View,
+)
 from jigsawrl.scheduler.verl import VerlPolicy  # noqa: E402
 from jigsawrl.stages import DECODE_BANDS, Stage  # noqa: E402
 
@@ -158,9 +165,11 @@ class MigratingVerl(VerlPolicy):
         actions = list(super().decide(view).actions)
         for pv in view.pipelines:
             for t in pv.running:
-                counts = t.unfinished_per_rank
+                counts, ctx = t.unfinished_per_rank, t.ctx_tokens_per_rank
+                # both ranks under way (each has run a slice: its context is cached)
                 if (self.done or t.stage != Stage.ROLLOUT or len(counts) != 2
-                        or min(counts) <= 0 or min(t.rank_shares) <= 0):
+                        or min(counts) <= 0 or min(ctx, default=0) <= 0
+                        or min(t.rank_shares) <= 0):
                     continue
                 self.done = True
                 actions.append(Migrate(t.task_id, (1,), 0))
@@ -206,6 +215,33 @@ def test_dp_rollout_migrates_long_tail(shared_ray: Any, cache: Path) -> None:
     assert {s.devices for s in events if isinstance(s, Span)
             and s.stage == Stage.ACTOR_UPDATE} == {(0,), (1,)}
     assert summary["pipeline_metrics"]["arithmetic"][0]["actor/entropy"] > 0
+
+
+class RecordingVerl(VerlPolicy):
+    """verl-split, recording each rollout's per-rank counts as its decisions see them."""
+
+    wants_rank_progress = True
+
+    def __init__(self) -> None:
+        super().__init__("split")
+        self.seen: list[tuple[int, ...]] = []
+
+    def decide(self, view: View) -> Decision:
+        self.seen += [t.unfinished_per_rank for pv in view.pipelines for t in pv.running
+                      if t.stage == Stage.ROLLOUT]
+        return super().decide(view)
+
+
+def test_every_rank_reports_its_requests_when_a_rollout_starts(shared_ray: Any,
+                                                                 cache: Path) -> None:
+    """As the simulator does: a rank first heard of after its first slice looked drained to a
+    decision taken between two ranks' first slices, and jigsaw released it, moving all its
+    requests onto the other rank (every two-rank rollout of the demo's search did)."""
+    policy = RecordingVerl()
+    summary, events = run_with_policy(one_pipeline_dp2(), policy, cache)
+    check_run(summary, events, {"arithmetic": 1}, batch=4)
+    assert policy.seen and policy.seen[0] == (4, 4), policy.seen  # 4 prompts x 2 samples dealt
+    assert all(NOT_REPORTED not in counts for counts in policy.seen)
 
 
 class SpreadingVerl(VerlPolicy):

@@ -12,7 +12,7 @@ from jigsawrl.events import SampleFinished, Span, StepFinished
 from jigsawrl.experiments.resolve import resolve
 from jigsawrl.experiments.simulated import make_cost, run_once
 from jigsawrl.scheduler import Decision, Migrate, SetResident, StartRollout, StartStage, get_policy
-from jigsawrl.scheduler.base import PolicyBase, RunningTask, task_id
+from jigsawrl.scheduler.base import NOT_REPORTED, PolicyBase, RunningTask, task_id
 from jigsawrl.scheduler.jigsaw import JigsawParams, JigsawPolicy
 from jigsawrl.scheduler.jigsaw.tail import pack
 from jigsawrl.stages import MODEL_PASSES, Stage
@@ -81,6 +81,31 @@ def test_tail_is_packed_and_compute_waits_for_onload() -> None:
     onload = [a for a in d.actions if isinstance(a, StartStage) and a.stage == Stage.ONLOAD]
     assert [a.pipeline for a in onload] == ["p1"]
     assert not any(isinstance(a, StartStage) and a.stage == Stage.OLD_LOGPROB for a in d.actions)
+
+
+def test_a_rank_that_has_not_reported_is_not_released() -> None:
+    """A rank whose first progress report has not come yet is not a drained rank: on Ray one
+    rank's first slice returns before the other's, and counting the other as 0 moved all its
+    requests onto the first (every two-rank rollout of the demo's search, before the fix)."""
+    exp = resolve(cfg(devices=4))
+    cost = make_cost(exp)
+    st = DriverState(exp)
+    pol = JigsawPolicy(depth=1, fallback=False)
+    pol.decide(st.view(0.0, cost))  # placement
+    ranks = tuple((d,) for d in range(4))
+    counts = [NOT_REPORTED, 3, NOT_REPORTED, 1]
+    roll = RunningTask(task_id("p0", 0, Stage.ROLLOUT), "p0", 0, Stage.ROLLOUT, (0, 1, 2, 3),
+                       1.0, 0.0, unfinished_per_rank=tuple(counts), rank_devices=ranks,
+                       rank_shares=(1.0,) * 4, ctx_tokens_per_rank=(0, 3000, 0, 900))
+    st.pipes["p0"].running[roll.task_id] = roll
+    st.pipes["p0"].unfinished[roll.task_id] = list(counts)
+    st.pipes["p0"].ctx_tokens[roll.task_id] = [0, 3000, 0, 900]
+    st.acquire(roll.task_id, (0, 1, 2, 3), 1.0, 1e9)
+    st.pipes["p1"].done[0] = {Stage.ROLLOUT, Stage.REWARD}  # a stage waits: freed ranks have a taker
+    st.pipes["p0"].touch()
+    st.pipes["p1"].touch()
+    d = pol.decide(st.view(100.0, cost))
+    assert not [a for a in d.actions if isinstance(a, Migrate)], d.actions
 
 
 def test_pack_respects_capacity() -> None:

@@ -16,6 +16,7 @@ from jigsawrl.driver.protocol import Executor, Notification, RankProgress, TaskD
 from jigsawrl.driver.state import DriverState, InvariantError, PipelineState
 from jigsawrl.events import Event, PipelineFailed, StepFinished
 from jigsawrl.scheduler.base import (
+    NOT_REPORTED,
     Action,
     Interrupt,
     Migrate,
@@ -221,7 +222,7 @@ class Driver:
             task, devices=task.devices + a.devices,
             rank_devices=task.rank_devices + tuple(groups),
             rank_shares=task.rank_shares + (share,) * len(groups))
-        ps.unfinished[a.task_id].extend([0] * len(groups))
+        ps.unfinished[a.task_id].extend([NOT_REPORTED] * len(groups))
         ps.ctx_tokens[a.task_id].extend([0] * len(groups))
         ps.touch()
         self.executor.spread(a)
@@ -266,7 +267,7 @@ class Driver:
             ps.running[tid] = replace(ps.running[tid], rank_devices=ranks,
                                       rank_shares=(a.share,) * len(ranks))
             ps.step_start_s[a.step] = now
-            ps.unfinished[tid] = [0] * (len(a.devices) // a.tp)
+            ps.unfinished[tid] = [NOT_REPORTED] * (len(a.devices) // a.tp)
             ps.ctx_tokens[tid] = [0] * (len(a.devices) // a.tp)
         self.executor.launch(a)
         return 1

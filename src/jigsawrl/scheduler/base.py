@@ -17,7 +17,7 @@ A new policy is one module with a class decorated by :func:`register_policy`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -182,6 +182,19 @@ class Decision:
 
 # ---------------------------------------------------------------------------- view
 
+# ``RunningTask.unfinished_per_rank`` of a rank that has not reported progress yet. Counting it
+# as 0 made jigsaw release (migrate away) a rank whose first slice had not returned while the
+# other rank's had: on Ray, every two-rank rollout of the demo's `search` moved all 64 requests
+# of one rank onto the other after its first slice (docs/BENCHMARKS.md, "The engine's limits").
+NOT_REPORTED = -1
+
+
+def all_reported(counts: Sequence[int], ranks: Iterable[int] | None = None) -> bool:
+    """Whether every rank (of ``ranks``; None: all) has reported its unfinished count."""
+    idx = range(len(counts)) if ranks is None else ranks
+    return all(counts[r] != NOT_REPORTED for r in idx)
+
+
 @dataclass(frozen=True, slots=True)
 class RunningTask:
     task_id: str
@@ -191,7 +204,9 @@ class RunningTask:
     devices: tuple[int, ...]
     share: float
     start_s: float
-    unfinished_per_rank: tuple[int, ...] = ()  # rollout only: requests not yet finished per rank
+    # rollout only: requests not yet finished per rank; NOT_REPORTED until the rank's first
+    # progress report (a rank that has reported nothing is not a drained rank)
+    unfinished_per_rank: tuple[int, ...] = ()
     rank_devices: tuple[tuple[int, ...], ...] = ()  # rollout only: devices of each live rank
     rank_shares: tuple[float, ...] = ()  # rollout only: share of each rank (0 = released)
     ctx_tokens_per_rank: tuple[int, ...] = ()  # rollout only: KV context held per rank

@@ -63,6 +63,11 @@ class Rollouts:
         ro = RolloutRT(tid, a.pipeline, a.step, n, ranks)
         for r, idx in enumerate(dispatch(n, spec.group_size, len(ranks), a.dispatch)):
             ro.assign(r, idx)
+            # every rank's count at once, as the simulator reports them at a rollout's start: a
+            # rank first heard of after its first slice looked drained to a decision taken
+            # between two ranks' first slices, which released it (moving all its requests)
+            ranks[r].unfinished = len(idx)
+            self.state.notes.append(RankProgress(tid, r, len(idx), Stage.PREFILL, now, 0))
         self.active[tid] = ro
         for rank in ranks:
             self.submit_chunk(ro, rank)

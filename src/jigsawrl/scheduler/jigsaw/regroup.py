@@ -182,7 +182,7 @@ class TailRegroup:
         """A held rollout wakes the policy only when one more of its ranks drained."""
         if not (self.enabled and self.can) or t.task_id in self._done:
             return False
-        busy = sum(1 for r in live if counts[r] > 0)
+        busy = sum(1 for r in live if counts[r] != 0)  # a rank not reported yet is busy
         return busy < self._busy_seen.get(t.task_id, len(live) + 1)
 
     def holding(self, t: RunningTask) -> bool:

@@ -43,6 +43,7 @@ from jigsawrl.scheduler.base import (
     RunningTask,
     Spread,
     View,
+    all_reported,
     stage_sequence,
     task_id,
 )
@@ -140,8 +141,9 @@ class TailSpread:
     def _spread(self, view: View, b: Board, pv: PipelineView, t: RunningTask) -> Spread | None:
         live = b.rank_idx[t.task_id]
         counts, ctx = t.unfinished_per_rank, t.ctx_tokens_per_rank
-        if not live or len(counts) < len(t.rank_devices) or not ctx:
-            return None  # no progress report yet
+        if not live or len(counts) < len(t.rank_devices) or not ctx or \
+                not all_reported(counts, live):
+            return None  # a live rank has not reported yet
         tp = len(t.devices) // len(t.rank_devices)
         total = sum(counts[r] for r in live)
         cost, m = view.cost, pv.model

@@ -14,7 +14,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from jigsawrl.scheduler.base import Action, Migrate, PipelineView, Regroup, RunningTask, View
+from jigsawrl.scheduler.base import (
+    Action,
+    Migrate,
+    PipelineView,
+    Regroup,
+    RunningTask,
+    View,
+    all_reported,
+)
 from jigsawrl.scheduler.jigsaw.board import Board
 from jigsawrl.scheduler.jigsaw.params import JigsawParams
 from jigsawrl.scheduler.jigsaw.prediction import StepPredictions
@@ -74,8 +82,8 @@ class TailMigration:
         """(whether consolidating the tail onto ``keep`` ranks is worth weighing, ``keep``, the
         live ranks that drained) of a rollout's counts; None when nothing can move (fewer than
         two live ranks, no report yet, or every live rank drained)."""
-        if len(live) < 2 or len(counts) < len(t.rank_devices):
-            return None  # no progress report yet
+        if len(live) < 2 or len(counts) < len(t.rank_devices) or not all_reported(counts, live):
+            return None  # a live rank has not reported yet
         total = sum(counts[r] for r in live)
         n_busy = sum(1 for r in live if counts[r] > 0)
         if not n_busy:
@@ -140,7 +148,8 @@ class TailMigration:
     def _placed_live(t: RunningTask, counts: Sequence[int]) -> list[int] | None:
         """The live ranks of a placed rollout a regroup may act on; None: not a rollout, no
         progress report yet, or fewer than two live ranks."""
-        if t.stage != Stage.ROLLOUT or len(counts) < len(t.rank_devices):
+        if t.stage != Stage.ROLLOUT or len(counts) < len(t.rank_devices) or \
+                not all_reported(counts):
             return None
         live = [r for r, s in enumerate(t.rank_shares) if s > 0]
         return live if len(live) >= 2 else None
