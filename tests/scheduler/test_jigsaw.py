@@ -55,25 +55,32 @@ def test_first_decision_starts_rollouts_on_fair_shares() -> None:
     assert not any(isinstance(a, SetResident) for a in d.actions)  # train states on the host
 
 
-def test_tail_is_packed_and_compute_waits_for_onload() -> None:
+def _decide_on_a_four_rank_tail(counts: list[int]) -> Decision:
+    """jigsaw's decision while p0's rollout runs on four ranks with ``counts`` unfinished
+    requests (KV context 3,000 and 900 on ranks 1 and 3) and p1 waits for its old log-probs
+    (so freed ranks have a taker)."""
     exp = resolve(cfg(devices=4))
     cost = make_cost(exp)
     st = DriverState(exp)
     pol = JigsawPolicy(depth=1, fallback=False)
     pol.decide(st.view(0.0, cost))  # placement
     ranks = tuple((d,) for d in range(4))
+    ctx = [0, 3000, 0, 900]
     roll = RunningTask(task_id("p0", 0, Stage.ROLLOUT), "p0", 0, Stage.ROLLOUT, (0, 1, 2, 3),
-                       1.0, 0.0,
-                       unfinished_per_rank=(0, 3, 0, 1), rank_devices=ranks,
-                       rank_shares=(1.0,) * 4, ctx_tokens_per_rank=(0, 3000, 0, 900))
+                       1.0, 0.0, unfinished_per_rank=tuple(counts), rank_devices=ranks,
+                       rank_shares=(1.0,) * 4, ctx_tokens_per_rank=tuple(ctx))
     st.pipes["p0"].running[roll.task_id] = roll
-    st.pipes["p0"].unfinished[roll.task_id] = [0, 3, 0, 1]
-    st.pipes["p0"].ctx_tokens[roll.task_id] = [0, 3000, 0, 900]
+    st.pipes["p0"].unfinished[roll.task_id] = list(counts)
+    st.pipes["p0"].ctx_tokens[roll.task_id] = ctx
     st.acquire(roll.task_id, (0, 1, 2, 3), 1.0, 1e9)
-    st.pipes["p1"].done[0] = {Stage.ROLLOUT, Stage.REWARD}  # p1 wants its old log-probs
+    st.pipes["p1"].done[0] = {Stage.ROLLOUT, Stage.REWARD}
     st.pipes["p0"].touch()
     st.pipes["p1"].touch()
-    d = pol.decide(st.view(100.0, cost))
+    return pol.decide(st.view(100.0, cost))
+
+
+def test_tail_is_packed_and_compute_waits_for_onload() -> None:
+    d = _decide_on_a_four_rank_tail([0, 3, 0, 1])
     migrations = [a for a in d.actions if isinstance(a, Migrate)]
     assert migrations, d.actions
     moved = {r for m in migrations for r in m.src_ranks}
@@ -87,24 +94,7 @@ def test_a_rank_that_has_not_reported_is_not_released() -> None:
     """A rank whose first progress report has not come yet is not a drained rank: on Ray one
     rank's first slice returns before the other's, and counting the other as 0 moved all its
     requests onto the first (every two-rank rollout of the demo's search, before the fix)."""
-    exp = resolve(cfg(devices=4))
-    cost = make_cost(exp)
-    st = DriverState(exp)
-    pol = JigsawPolicy(depth=1, fallback=False)
-    pol.decide(st.view(0.0, cost))  # placement
-    ranks = tuple((d,) for d in range(4))
-    counts = [NOT_REPORTED, 3, NOT_REPORTED, 1]
-    roll = RunningTask(task_id("p0", 0, Stage.ROLLOUT), "p0", 0, Stage.ROLLOUT, (0, 1, 2, 3),
-                       1.0, 0.0, unfinished_per_rank=tuple(counts), rank_devices=ranks,
-                       rank_shares=(1.0,) * 4, ctx_tokens_per_rank=(0, 3000, 0, 900))
-    st.pipes["p0"].running[roll.task_id] = roll
-    st.pipes["p0"].unfinished[roll.task_id] = list(counts)
-    st.pipes["p0"].ctx_tokens[roll.task_id] = [0, 3000, 0, 900]
-    st.acquire(roll.task_id, (0, 1, 2, 3), 1.0, 1e9)
-    st.pipes["p1"].done[0] = {Stage.ROLLOUT, Stage.REWARD}  # a stage waits: freed ranks have a taker
-    st.pipes["p0"].touch()
-    st.pipes["p1"].touch()
-    d = pol.decide(st.view(100.0, cost))
+    d = _decide_on_a_four_rank_tail([NOT_REPORTED, 3, NOT_REPORTED, 1])
     assert not [a for a in d.actions if isinstance(a, Migrate)], d.actions
 
 
