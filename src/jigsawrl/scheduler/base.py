@@ -189,12 +189,6 @@ class Decision:
 NOT_REPORTED = -1
 
 
-def all_reported(counts: Sequence[int], ranks: Iterable[int] | None = None) -> bool:
-    """Whether every rank (of ``ranks``; None: all) has reported its unfinished count."""
-    idx = range(len(counts)) if ranks is None else ranks
-    return all(counts[r] != NOT_REPORTED for r in idx)
-
-
 @dataclass(frozen=True, slots=True)
 class RunningTask:
     task_id: str
@@ -216,6 +210,17 @@ class RunningTask:
         """The share of its first live rank (its own for a task without ranks): what a rank a
         :class:`Spread` adds starts at."""
         return next((s for s in self.rank_shares if s > 0), self.share)
+
+
+def progress_known(t: RunningTask, counts: Sequence[int],
+                   ranks: Iterable[int] | None = None) -> bool:
+    """Whether ``counts`` (rollout ``t``'s unfinished requests per rank, maybe newer than its
+    own) cover every rank of ``t`` and each of ``ranks`` (None: all) has reported: what the
+    tail, spread and regroup planning need before they read a rank as drained or busy."""
+    if len(counts) < len(t.rank_devices):
+        return False
+    idx = range(len(counts)) if ranks is None else ranks
+    return all(counts[r] != NOT_REPORTED for r in idx)
 
 
 @dataclass(frozen=True, slots=True)

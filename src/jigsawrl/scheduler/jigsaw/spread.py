@@ -43,7 +43,7 @@ from jigsawrl.scheduler.base import (
     RunningTask,
     Spread,
     View,
-    all_reported,
+    progress_known,
     stage_sequence,
     task_id,
 )
@@ -141,8 +141,7 @@ class TailSpread:
     def _spread(self, view: View, b: Board, pv: PipelineView, t: RunningTask) -> Spread | None:
         live = b.rank_idx[t.task_id]
         counts, ctx = t.unfinished_per_rank, t.ctx_tokens_per_rank
-        if not live or len(counts) < len(t.rank_devices) or not ctx or \
-                not all_reported(counts, live):
+        if not live or not ctx or not progress_known(t, counts, live):
             return None  # a live rank has not reported yet
         tp = len(t.devices) // len(t.rank_devices)
         total = sum(counts[r] for r in live)

@@ -21,7 +21,7 @@ from jigsawrl.scheduler.base import (
     Regroup,
     RunningTask,
     View,
-    all_reported,
+    progress_known,
 )
 from jigsawrl.scheduler.jigsaw.board import Board
 from jigsawrl.scheduler.jigsaw.params import JigsawParams
@@ -82,7 +82,7 @@ class TailMigration:
         """(whether consolidating the tail onto ``keep`` ranks is worth weighing, ``keep``, the
         live ranks that drained) of a rollout's counts; None when nothing can move (fewer than
         two live ranks, no report yet, or every live rank drained)."""
-        if len(live) < 2 or len(counts) < len(t.rank_devices) or not all_reported(counts, live):
+        if len(live) < 2 or not progress_known(t, counts, live):
             return None  # a live rank has not reported yet
         total = sum(counts[r] for r in live)
         n_busy = sum(1 for r in live if counts[r] > 0)
@@ -148,8 +148,7 @@ class TailMigration:
     def _placed_live(t: RunningTask, counts: Sequence[int]) -> list[int] | None:
         """The live ranks of a placed rollout a regroup may act on; None: not a rollout, no
         progress report yet, or fewer than two live ranks."""
-        if t.stage != Stage.ROLLOUT or len(counts) < len(t.rank_devices) or \
-                not all_reported(counts):
+        if t.stage != Stage.ROLLOUT or not progress_known(t, counts):
             return None
         live = [r for r, s in enumerate(t.rank_shares) if s > 0]
         return live if len(live) >= 2 else None
