@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from jigsawrl.bench.decide import decide_config, decision_stats
+from jigsawrl.bench.decide import bench_decide, decide_config, decision_stats
 from jigsawrl.bench.paper import run_paper
 from jigsawrl.bench.paper_matrix import (
     QUICK_BATCH,
@@ -154,6 +154,16 @@ def test_cli_bench_decide_prints_percentiles() -> None:
         assert col in res.output
     bad = CliRunner().invoke(app, ["bench", "decide", "--policy", "nope", "--devices", "8"])
     assert bad.exit_code == 2
+
+
+def test_bench_decide_reports_the_work_left_off_the_decision_path() -> None:
+    """jigsaw's replans (a pipeline finishes: the others' widths are replanned) run as
+    background work, timed apart from the decisions; a policy without any reports none."""
+    s = bench_decide("jigsaw", 16, 4, steps=2, params={"fallback": False})
+    assert s.background_count > 0 and s.count > 0
+    assert s.background_max_ms is not None and s.background_max_ms >= s.background_p50_ms > 0
+    v = bench_decide("verl-split", 8, 2, steps=1)
+    assert v.background_count == 0 and v.background_p99_ms is None
 
 
 def test_sensitivity_reruns_headline_ratios_under_each_assumption(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from jigsawrl.config import validate_config
-from jigsawrl.driver.loop import Driver, SchedulerStalled
+from jigsawrl.driver.loop import MAX_BACKGROUND_ROUNDS, Driver, SchedulerStalled
 from jigsawrl.driver.state import InvariantError
 from jigsawrl.events import SampleFinished, Span, StepFinished
 from jigsawrl.executors.simulated import SimulatedExecutor
@@ -187,3 +187,61 @@ def test_finish_runs_once_after_the_run_and_outside_its_makespan(fake_cost) -> N
     res = Driver(exp, get_policy("verl-split"), ex, fake_cost).run()
     assert ex.finished == 1
     assert res.makespan_s == pytest.approx(plain.makespan_s) and res.makespan_s > 0
+
+
+class Deferring(PolicyBase):
+    """verl-split that, at each new instant, first leaves its decision to background work and
+    starts nothing; it decides once the work has run (``endless``: the work never settles it)."""
+
+    name = "deferring"
+
+    def __init__(self, endless: bool = False) -> None:
+        self.inner = get_policy("verl-split")
+        self.endless = endless
+        self.settled: float | None = None  # the instant whose work has run
+        self.pending: float | None = None
+        self.log: list[tuple[str, float]] = []
+
+    def decide(self, view):  # noqa: ANN001, ANN201
+        self.log.append(("decide", view.now_s))
+        if self.settled != view.now_s:
+            self.pending = view.now_s
+            return Decision(())
+        return self.inner.decide(view)
+
+    def background(self):  # noqa: ANN201
+        if self.pending is None:
+            return None
+        t = self.pending
+        self.pending = None if not self.endless else t
+
+        def work() -> None:
+            self.log.append(("work", t))
+            if not self.endless:
+                self.settled = t
+        return work
+
+
+def test_background_work_runs_after_the_decision_and_the_policy_decides_again(fake_cost) -> None:  # noqa: ANN001,E501
+    exp = experiment(n_pipes=1, steps=2)
+    lengths = {"p0": [30, 300]}
+    plain = run(exp, "verl-split", lengths, fake_cost)
+    pol = Deferring()
+    res = Driver(exp, pol, FixedExecutor(exp, truth_cost=fake_cost, seed=0, lengths=lengths),
+                 fake_cost).run()
+    # the same run: each instant's decision waited for its work, and the clock did not move
+    assert res.events == plain.events and res.makespan_s == plain.makespan_s
+    works = [i for i, (kind, _) in enumerate(pol.log) if kind == "work"]
+    assert works and len(res.background_times_s) == len(works)
+    for i in works:  # a decision before the work and one after it, at the same instant
+        assert pol.log[i - 1] == ("decide", pol.log[i][1]) == pol.log[i + 1]
+    assert len(res.decision_times_s) == len(pol.log) - len(works)  # work is not a decision
+
+
+def test_a_policy_that_always_wants_work_does_not_hold_the_clock(fake_cost) -> None:  # noqa: ANN001
+    exp = experiment()
+    pol = Deferring(endless=True)
+    with pytest.raises(SchedulerStalled):  # it never starts anything; the driver still moves on
+        Driver(exp, pol, FixedExecutor(exp, truth_cost=fake_cost, seed=0,
+                                       lengths={"p0": [3, 6]}), fake_cost).run()
+    assert sum(kind == "work" for kind, _ in pol.log) == MAX_BACKGROUND_ROUNDS

@@ -143,6 +143,22 @@ def test_a_width_off_the_ladder_is_interpolated_between_its_neighbours() -> None
     assert mid == pytest.approx(lo + (1 / 4 - 1 / 5) / (1 / 4 - 1 / 6) * (hi - lo))
 
 
+def test_cached_near_reads_only_times_worked_out_already() -> None:
+    """What a decision may read without a replay (the rest is background work): None until
+    both neighbours of an off-ladder width (or the width itself) were timed, then gen_s_near."""
+    view = first_view(cfg(("math",), devices=64))
+    pv = view.pipelines[0]
+    timer = WidthTimer(3, 20e9)
+    assert timer.cached_near(view, pv, 5) is None and timer.cached_near(view, pv, 4) is None
+    timer.gen_s(view, pv, 4)
+    assert timer.cached_near(view, pv, 4) == timer.gen_s(view, pv, 4)
+    assert timer.cached_near(view, pv, 5) is None  # 6 not timed yet
+    timer.gen_s(view, pv, 6)
+    assert timer.cached_near(view, pv, 5) == timer.gen_s_near(view, pv, 5)
+    grown = replace(pv, history=(StepObservation(0, (150,) * 128, (300,) * 128, {}),))
+    assert timer.cached_near(view, grown, 4) is None  # a new source: its times are not known
+
+
 def test_predicted_requests_are_the_history_predictors_longest_first() -> None:
     """The timer builds its requests from the predictor's lengths (turns cached per total):
     the same requests as the predictor's, split into turns and sorted longest first."""
@@ -198,6 +214,34 @@ def test_policy_starts_rollouts_at_planned_widths() -> None:
     assert plan is not None
     assert {p: len(a.devices) for p, a in starts.items()} == plan.widths
     assert set(starts["p0"].devices).isdisjoint(starts["p1"].devices)
+
+
+def test_a_due_replan_runs_in_the_background_and_the_rollouts_wait_for_it() -> None:
+    """Off the decision path (issue 11's decision p99): a decision that finds a replan due
+    starts no rollout and leaves the replan as background work; once it has run, the next
+    decision starts the rollouts at the new plan's widths."""
+    view = first_view(cfg(("gsm8k", "math"), model="qwen3-4b", batch=64, steps=4))
+    pol = JigsawPolicy(fallback=False)
+    pol.decide(view)  # the first plan is made in the decision
+    assert pol.background() is None  # nothing left (and the driver's asking turns it on)
+    before = dict(pol.planner.plan.widths)
+    n = 64 * 4
+    long_hist = (StepObservation(0, (150,) * n, tuple([3900] * (n // 2) + [2500] * (n // 2)),
+                                 {}),)
+    short_hist = (StepObservation(0, (150,) * n, (300,) * n, {}),)
+    g, m = view.pipelines
+    moved = replace(view, pipelines=(replace(g, history=long_hist),
+                                     replace(m, history=short_hist)))
+    assert not [a for a in pol.decide(moved).actions if isinstance(a, StartRollout)]
+    assert pol.planner.plan.widths == before  # not replanned in the decision
+    work = pol.background()
+    assert work is not None and pol.background() is None
+    work()
+    after = pol.planner.plan.widths
+    assert after != before and pol.planner.replans == 2
+    starts = {a.pipeline: len(a.devices) for a in pol.decide(moved).actions
+              if isinstance(a, StartRollout)}
+    assert starts == after and pol.background() is None
 
 
 # ---------------------------------------------------------------------------- train-state slot

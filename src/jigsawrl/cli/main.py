@@ -333,6 +333,12 @@ def bench_decide(
     cells = [s.p50_ms, s.p90_ms, s.p99_ms, s.max_ms, s.mean_ms]
     table.add_row(str(s.count), *("–" if v is None else f"{v:.2f}" for v in cells))
     out.print(table)
+    if s.background_count:
+        ms = ("–" if v is None else f"{v:.1f}" for v in (
+            s.background_p50_ms, s.background_p99_ms, s.background_max_ms))
+        out.print("work left off the decision path (replans, replays; run by the driver after "
+                  "a decision, an event meanwhile waits): {} pieces, p50 {} ms, p99 {} ms, "
+                  "max {} ms".format(s.background_count, *ms))
 # ---- bench paper / bench decide ---- end
 
 

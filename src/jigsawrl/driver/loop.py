@@ -3,6 +3,16 @@
 Reads top to bottom: the driver asks the policy what to do, applies each action (checking the
 pool's invariants), lets the executor run until something the policy should react to happens, and
 records progress. It emits :class:`~jigsawrl.events.StepFinished` records with verl's stage timings.
+
+Background work: a decision is on the critical path of every event, so a policy keeps it short
+and hands its expensive planning (a replan, a rollout replay) over as work
+(``Policy.background``) that the driver runs after the decision's actions are applied; the
+policy waits for the result where it needs one, and the driver asks it again, at the same
+instant, once the work has run. The work's wall time is recorded apart
+(``DriverResult.background_times_s``). Simplification, said where the numbers are reported: the
+work runs in the driver's thread, after the actions went out (real workers run meanwhile); an
+event that arrives during it waits for it, as it waited for a slow decision before. The
+simulated clock does not move while it runs (nor did it during a decision).
 """
 
 from __future__ import annotations
@@ -51,11 +61,19 @@ class SchedulerStalled(RuntimeError):
     """The policy started nothing while nothing runs and pipelines are unfinished."""
 
 
+# Background rounds in a row (work run, then a decision) before the driver advances the clock
+# regardless: a policy that asks for work again and again at one instant has a bug.
+MAX_BACKGROUND_ROUNDS = 16
+
+
 @dataclass(slots=True)
 class DriverResult:
     events: list[Event]
     decision_times_s: list[float] = field(default_factory=list)
     makespan_s: float = 0.0
+    # wall seconds of each piece of background work the policy handed over (planning off the
+    # decision path: ``Policy.background``), not counted in ``decision_times_s``
+    background_times_s: list[float] = field(default_factory=list)
 
 
 class Driver:
@@ -73,15 +91,21 @@ class Driver:
         self.on_progress = on_progress
         self._events: list[Event] = []
         self._decision_times: list[float] = []
+        self._background_times: list[float] = []
+        self._per_node = exp.config.cluster.accelerators_per_node
 
     def run(self) -> DriverResult:
         self.executor.start()
         wants_progress = self.policy.wants_rank_progress
         end_s: float | None = None  # the clock when the last pipeline finished
         try:
-            decide = True
+            decide, rounds = True, 0  # rounds: background work run at this instant
             while not self.state.all_finished:
                 started = self._decide_and_apply() if decide else 0
+                if decide and rounds < MAX_BACKGROUND_ROUNDS and self._background():
+                    rounds += 1
+                    continue  # decide again, on what the work prepared, before the clock moves
+                rounds = 0
                 if not started and not self.executor.busy():
                     raise SchedulerStalled(self._stall_message())
                 notes = self.executor.advance()
@@ -98,7 +122,18 @@ class Driver:
             self.executor.close()
         self._events.extend(self.executor.drain_events())
         return DriverResult(self._events, self._decision_times,
-                            self.executor.now_s if end_s is None else end_s)
+                            self.executor.now_s if end_s is None else end_s,
+                            self._background_times)
+
+    def _background(self) -> bool:
+        """Run the work the last decision left off its path (module docstring); True if any."""
+        work = self.policy.background()
+        if work is None:
+            return False
+        t0 = time.perf_counter()
+        work()
+        self._background_times.append(time.perf_counter() - t0)
+        return True
 
     # ------------------------------------------------------------------ decisions
     def _decide_and_apply(self) -> int:
@@ -209,7 +244,7 @@ class Driver:
         if task.stage != Stage.ROLLOUT or not task.rank_devices:
             raise InvariantError(f"{a.task_id}: only a running rollout can spread")
         tp = len(task.devices) // len(task.rank_devices)  # whole groups, kept by every action
-        groups = self._tp_groups(a.devices, tp)
+        groups = tp_groups(self._per_node, a.devices, tp)
         held = {d for r, devs in enumerate(task.rank_devices) if task.rank_shares[r] > 0
                 for d in devs}  # a device a migration released may be taken again
         if groups is None or len(set(a.devices)) != len(a.devices) or set(a.devices) & held:
@@ -231,20 +266,10 @@ class Driver:
     def _check_tp(self, a: StartRollout, heads: int) -> None:
         """A rollout's devices are whole TP groups, each within a node, the TP dividing the
         model's heads (a policy may choose another TP than the config's)."""
-        if a.tp < 1 or heads % a.tp or self._tp_groups(a.devices, a.tp) is None:
+        if a.tp < 1 or heads % a.tp or tp_groups(self._per_node, a.devices, a.tp) is None:
             raise InvariantError(f"{a.pipeline}/{a.step}/rollout: {len(a.devices)} device(s) "
                                  f"cannot form TP groups of {a.tp} (whole groups, each within "
                                  f"a node, dividing the model's {heads} heads)")
-
-    def _tp_groups(self, devices: tuple[int, ...], tp: int) -> list[tuple[int, ...]] | None:
-        """``devices`` cut into groups of ``tp``; None unless they are whole groups (at least
-        one), each within a node."""
-        per = self.exp.config.cluster.accelerators_per_node
-        groups = [devices[i:i + tp] for i in range(0, len(devices), tp)]
-        if not devices or len(devices) % tp or any(len({d // per for d in g}) > 1
-                                                    for g in groups):
-            return None
-        return groups
 
     def _launch(self, a: StartRollout | StartStage) -> int:
         stage = Stage.ROLLOUT if isinstance(a, StartRollout) else a.stage
@@ -352,3 +377,12 @@ class Driver:
         return (f"policy {self.policy.name!r} started nothing at "
                 f"t={self.executor.now_s:.1f}s while nothing runs; ready work: {todo}{lost}")
 
+
+def tp_groups(per_node: int, devices: tuple[int, ...], tp: int) -> list[tuple[int, ...]] | None:
+    """``devices`` cut into groups of ``tp``; None unless they are whole groups (at least one),
+    each within a node of ``per_node`` devices."""
+    groups = [devices[i:i + tp] for i in range(0, len(devices), tp)]
+    if not devices or len(devices) % tp or any(len({d // per_node for d in g}) > 1
+                                                for g in groups):
+        return None
+    return groups

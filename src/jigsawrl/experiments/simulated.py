@@ -61,6 +61,8 @@ class SimRun:
     info: RunInfo
     decision_times_s: list[float] = field(default_factory=list)
     variant: str | None = None
+    # wall seconds of the work the policy left off its decision path (driver/loop.py)
+    background_times_s: list[float] = field(default_factory=list)
 
 
 def run_once(exp: Experiment, policy: Policy, seed: int, *,
@@ -171,7 +173,7 @@ def simulate(cfg: ExperimentConfig, *, policy: str | None = None, seed: int | No
     if report := ran.report():
         summary["policy_report"] = report
     return SimRun(name, seed, res.events, summary, info, res.decision_times_s,
-                  vname if len(variants) > 1 else None)
+                  vname if len(variants) > 1 else None, res.background_times_s)
 
 
 def bounds(exp: Experiment, seed: int, sampler: TruthSampler | None = None) -> BoundReport:

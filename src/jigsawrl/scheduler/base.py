@@ -309,7 +309,10 @@ class Policy(Protocol):
     true.
     ``variants()``: the placements an experiment runs and keeps the best of (verl's split and
     serial, ...); a policy with one placement returns ``[self]``. ``report()``: what it says
-    about its run once the run is over (the summary's ``policy_report``).
+    about its run once the run is over (the summary's ``policy_report``). ``background()``,
+    asked after each decision: work the decision left to run off its path (a replan, a
+    prediction), or None; the driver runs it and asks for a decision again at the same instant
+    (``driver/loop.py``). The work is pure computation on what earlier views showed.
     """
 
     name: str
@@ -322,6 +325,8 @@ class Policy(Protocol):
     def variants(self) -> Sequence[Policy]: ...
 
     def report(self) -> dict[str, Any]: ...
+
+    def background(self) -> Callable[[], None] | None: ...
 
 
 class PolicyBase:
@@ -345,6 +350,10 @@ class PolicyBase:
         """What the policy says about its run, for the summary's ``policy_report`` (JSON
         values): the plan it chose and why, how often a mechanism acted. Default: nothing."""
         return {}
+
+    def background(self) -> Callable[[], None] | None:
+        """Work the last decision left to run off the decision path. Default: none."""
+        return None
 
 
 PolicyFactory = Callable[..., Policy]

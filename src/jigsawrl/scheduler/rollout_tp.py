@@ -152,3 +152,6 @@ class RolloutTP(PolicyBase):
 
     def report(self) -> dict[str, Any]:
         return {**self.inner.report(), "rollout_tp": dict(self.tps or {})}
+
+    def background(self) -> Callable[[], None] | None:
+        return self.inner.background()

@@ -51,8 +51,11 @@ class Placement:
         tp = pv.spec.rollout_tp
         kv_mem = self.residency.kv_mem
         need = kv_mem + view.cost.rollout_weight_bytes(pv.model, tp)
+        width = self.planner.width(view, pv)
+        if width is None:
+            return None  # its replan runs in the background first
         groups = self._free_groups(view, b, tp, need)
-        want = max(1, self.planner.width(view, pv) // tp)
+        want = max(1, width // tp)
         wait_pass = b.any_compute() and not self.residency.tight
         if not groups or len(groups) < want and (
                 wait_pass or len(groups) < self.params.min_rollout_fraction * want):

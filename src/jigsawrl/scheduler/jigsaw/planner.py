@@ -13,7 +13,10 @@ one with the most slack, while that improves. The fair plan is always a candidat
 worse than the fair cap it replaces.
 
 Replanning: when the pipelines still running change, and when a pipeline's prediction moves (its
-history grew) by more than ``DRIFT`` at its planned width. The forecast covers at most
+history grew) by more than ``DRIFT`` at its planned width. A replan (and the drift check, a
+rollout replay) runs off the decision path (:mod:`.background`): a rollout start that needs it
+waits, and the decision after the work has run starts it; only the first plan is made in the
+decision. The forecast covers at most
 ``HORIZON`` steps of the longest pipeline, the others in proportion, and scales the makespan back
 (a 20-step run costs what a 6-step one does).
 
@@ -31,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from jigsawrl.scheduler.base import PipelineView, RunningTask, View
+from jigsawrl.scheduler.jigsaw.background import Background
 from jigsawrl.scheduler.jigsaw.latency import LatencyBounds
 from jigsawrl.scheduler.jigsaw.params import JigsawParams
 from jigsawrl.scheduler.jigsaw.plan_forecast import PlanPipe, PlanResult, Rates, forecast_plan
@@ -64,30 +68,65 @@ class WidthPlanner:
     Args:
         params: the policy's parameters.
         residency: the memory plan (KV per engine, tight or not).
+        background: where replans go off the decision path (None, or not ``active``: they
+            are made at once, in the call that finds them due).
     """
 
-    def __init__(self, params: JigsawParams, residency: Residency) -> None:
+    def __init__(self, params: JigsawParams, residency: Residency,
+                 background: Background | None = None) -> None:
         self.params = params
         self.residency = residency
+        self.background = background
         self.timer: WidthTimer | None = None
         self.plan: WidthPlan | None = None
         self.replans = 0
         self.bounds: LatencyBounds | None = None  # the policy sets them at its first decision
+        self._check: set[str] = set()  # pipelines whose prediction moved, to check for drift
+        # a replan (or drift check) is left to the background and not run yet: the policy
+        # holds back what would take devices before the waiting rollouts (they went first)
+        self.due = False
 
     # ------------------------------------------------------------------ reading
-    def width(self, view: View, pv: PipelineView) -> int:
-        """Devices ``pv``'s next rollout takes (planning or replanning first if due)."""
+    def width(self, view: View, pv: PipelineView) -> int | None:
+        """Devices ``pv``'s next rollout takes (None: a replan or drift check is due and runs
+        in the background first; the rollout waits for it)."""
         plan = self.current(view, pv)
+        if plan is None:
+            return None
         return plan.widths.get(pv.name, fair_width(view, pv.spec.rollout_tp, 1))
 
-    def current(self, view: View, pv: PipelineView | None = None) -> WidthPlan:
-        """The plan in force, replanned when due (module docstring)."""
+    def current(self, view: View, pv: PipelineView | None = None) -> WidthPlan | None:
+        """The plan in force, or None while a replan (or ``pv``'s drift check) is due: it is
+        left to the background (module docstring), or made now without one."""
         live = frozenset(p.name for p in view.pipelines if not p.finished)
-        if self.plan is None or self.plan.live != live or (
-                pv is not None and self._drifted(view, pv)):
+        if self.plan is None:  # the first plan: nothing runs yet that could go on meanwhile
             self.plan = self.make_plan(view)
             self.replans += 1
-        return self.plan
+            return self.plan
+        moved = pv is not None and self.timer is not None and \
+            self.plan.sources.get(pv.name) != self.timer.source(pv)
+        if self.plan.live == live and not moved and not self.due:
+            return self.plan
+        if pv is not None and moved:
+            self._check.add(pv.name)
+        if self.background is None or not self.background.active:
+            self._refresh(view)
+            return self.plan
+        self.background.want("replan", lambda: self._refresh(view))
+        self.due = True
+        return None
+
+    def _refresh(self, view: View) -> None:
+        """Replan if the pipelines running changed or a moved prediction drifted (the drift
+        check accepts a prediction that moved little)."""
+        assert self.plan is not None
+        self.due = False
+        checks, self._check = self._check, set()
+        now = {p.name: p for p in view.pipelines if not p.finished}
+        if self.plan.live != frozenset(now) or any(
+                self._drifted(view, now[name]) for name in checks if name in now):
+            self.plan = self.make_plan(view)
+            self.replans += 1
 
     def _drifted(self, view: View, pv: PipelineView) -> bool:
         assert self.plan is not None and self.timer is not None

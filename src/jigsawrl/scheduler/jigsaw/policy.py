@@ -4,7 +4,7 @@ pieces at every decision (the package docstring says how it decides)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -21,6 +21,7 @@ from jigsawrl.scheduler.base import (
     View,
     register_policy,
 )
+from jigsawrl.scheduler.jigsaw.background import Background
 from jigsawrl.scheduler.jigsaw.board import Board, BoardCache
 from jigsawrl.scheduler.jigsaw.fallback import MARGIN, best_verl
 from jigsawrl.scheduler.jigsaw.latency import LatencyBounds
@@ -85,7 +86,8 @@ class JigsawPolicy(PolicyBase):
         self._delegate: Policy | None = None  # the verl placement run instead, if any
         self.residency = Residency(self.params)
         self.predictions = StepPredictions(history_window, lambda: self.residency.kv_mem)
-        self.planner = WidthPlanner(self.params, self.residency)
+        self.jobs = Background()  # replans and replays left off the decision path
+        self.planner = WidthPlanner(self.params, self.residency, self.jobs)
         self.placement = Placement(self.params, self.residency, self.predictions, self.planner)
         self.lookahead = LookAhead(depth, self.predictions)
         self.tail = TailMigration(self.params, self.residency, self.predictions)
@@ -100,7 +102,8 @@ class JigsawPolicy(PolicyBase):
         makespans it chose between; what the look-ahead did (issue 11 item 3)."""
         out: dict[str, Any] = {"lookahead": asdict(self.lookahead.stats),
                                "regroups": self.tail.regroup.count,
-                               "spreads": self.spread.count}
+                               "spreads": self.spread.count, "replans": self.planner.replans,
+                               "background_work": self.jobs.handed}
         if self.choice is not None:
             out["plan"] = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
                            for k, v in asdict(self.choice).items()}
@@ -131,10 +134,16 @@ class JigsawPolicy(PolicyBase):
         if self.params.migration:
             actions += self.tail.migrate(view, board)
         starts = self._choose_starts(view, board)
-        spreads = self.spread.plan(view, board, urgent)
+        # a rollout waiting for its replan (background work) goes first, as it would have had
+        # the replan run in this decision: no pass or spread takes devices before it
+        spreads = [] if self.planner.due else self.spread.plan(view, board, urgent)
         actions += self.shares.share_actions(view, board, starts, spreads)
         self._acted = bool(actions)
         return Decision(tuple(actions))
+
+    def background(self) -> Callable[[], None] | None:
+        """The replans and replays the last decision left off its path (:mod:`.background`)."""
+        return None if self._delegate is not None else self.jobs.take()
 
     def _delegate_decide(self, view: View) -> Decision:
         """The verl placement's decision, with jigsaw's tail regroups of its rollouts."""
@@ -189,7 +198,9 @@ class JigsawPolicy(PolicyBase):
         error: ConfigError | None = None
         try:
             self.residency.place(view)
-            res = self.planner.current(view).result
+            plan = self.planner.current(view)
+            assert plan is not None  # the first plan is made in the decision
+            res = plan.result
             ours, excess = res.makespan_s, res.excess
         except ConfigError as exc:  # not even the tight memory plan fits
             error, ours, excess = exc, math.inf, math.inf
@@ -221,7 +232,8 @@ class JigsawPolicy(PolicyBase):
                 if start is not None:
                     starts.append(start)
         passes = [(pv, step, stage) for pv, step, stage in ready
-                  if stage in MODEL_PASSES and self.residency.on_device(pv.name)]
+                  if stage in MODEL_PASSES and self.residency.on_device(pv.name)
+                  and not self.planner.due]
         choice = self._pick_compute(view, b, passes)
         if choice is not None:
             starts.append(choice)

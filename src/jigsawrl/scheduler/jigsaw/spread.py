@@ -31,7 +31,10 @@ When it spreads (each decision, after the starts; at most one rollout per decisi
   no replay of its own), and one decode iteration of the busiest rank before over one of an
   even share after on the slowest rank (the new ranks have the rollout's TP; a regrouped old
   one is wider) — and the re-prefill of the moved contexts and a new engine's wake-up are
-  added; the second, cheap, is checked first. Never a sampled length.
+  added; the second, cheap, is checked first. Never a sampled length. A time the planner has not
+  worked out yet is asked for in the background (:mod:`.background`) and the rollout is not
+  spread in this decision (another pipeline's unknown rollout time counts as needing devices
+  now); the decision after the work has run weighs it.
 """
 
 from __future__ import annotations
@@ -114,6 +117,8 @@ class TailSpread:
                 continue
             dur = pred.stages_s.get(stage, 0.0) if stage != Stage.ROLLOUT else (
                 self._rollout_s(view, pv, running.get(stage)))
+            if dur is None:
+                return 0.0  # its rollout's time is being worked out: it may need devices now
             t = running.get(stage)
             if t is not None:
                 wait += max(0.0, dur - (view.now_s - t.start_s))
@@ -123,10 +128,26 @@ class TailSpread:
                 wait += dur
         return wait  # its next step's rollout then
 
-    def _rollout_s(self, view: View, pv: PipelineView, t: RunningTask | None) -> float:
-        """A running rollout's predicted seconds at its width (0: not running, or no plan)."""
+    def _rollout_s(self, view: View, pv: PipelineView, t: RunningTask | None) -> float | None:
+        """A running rollout's predicted seconds at its width (0: not running, or no plan;
+        None: not worked out yet)."""
+        return 0.0 if t is None or self.planner.timer is None else self._gen_s(
+            view, pv, len(t.devices))
+
+    def _gen_s(self, view: View, pv: PipelineView, width: int) -> float | None:
+        """The planner's time of ``pv``'s rollout on ``width`` devices if it is worked out,
+        else None, asked for in the background (at once where there is none)."""
         timer = self.planner.timer
-        return 0.0 if t is None or timer is None else timer.gen_s_near(view, pv, len(t.devices))
+        assert timer is not None
+        background = self.planner.background
+        if background is None or not background.active:
+            return timer.gen_s_near(view, pv, width)
+        got = timer.cached_near(view, pv, width)
+        if got is None:
+            def work() -> None:
+                timer.gen_s_near(view, pv, width)
+            background.want(("gen", pv.name, width), work)
+        return got
 
     def _idle_groups(self, view: View, b: Board, tp: int, need: float) -> list[tuple[int, ...]]:
         per = view.accelerators_per_node
@@ -151,9 +172,10 @@ class TailSpread:
         add = min(len(groups), total // MIN_PER_RANK - len(live))
         if add < 1 or self.planner.timer is None:
             return None
-        timer = self.planner.timer
         width = len(t.devices)
-        gen = timer.gen_s_near(view, pv, width)
+        gen = self._gen_s(view, pv, width)
+        if gen is None:
+            return None
         remaining = gen - (view.now_s - t.start_s)
         if remaining <= 0:
             return None
@@ -172,7 +194,10 @@ class TailSpread:
         margin = max(MIN_GAIN_S, GAIN_MARGIN * remaining)
         if remaining * (1.0 - after / before) - extra < margin:
             return None  # not even the decode speed-up alone pays (no replay asked)
-        speedup = max(after / before, timer.gen_s_near(view, pv, width + add * tp) / max(1e-9, gen))
+        wider = self._gen_s(view, pv, width + add * tp)
+        if wider is None:
+            return None
+        speedup = max(after / before, wider / max(1e-9, gen))
         after_s = remaining * speedup + extra
         gain = remaining - after_s
         if gain < margin or after_s > min(

@@ -137,11 +137,8 @@ class WidthTimer:
         of the predicted lengths (cheap: a replan runs many), scaled by what the slowest rank
         and the regroup make of the prior's fair mix at this width — the dispatch's bias,
         measured on the prior, carried to the history."""
-        tp = pv.spec.rollout_tp
-        ranks = max(1, width // tp)
-        group = widest_tp(min(width, view.accelerators_per_node), pv.model.num_heads) if (
-            self.tail_requests and view.can_regroup) else tp
-        key = (pv.name, self.source(pv), ranks, group)
+        key = self._key(view, pv, width)
+        ranks, group = key[2], key[3]
         if key not in self._gen:
             reqs = self.requests(pv)  # drops the times of an older source
             prior = self._slowest_s(view, pv, ranks, group)
@@ -150,6 +147,24 @@ class WidthTimer:
                 prior *= self._mix_s(view, pv, reqs, ranks) / base if base > 0 else 1.0
             self._gen[key] = prior
         return self._gen[key]
+
+    def _key(self, view: View, pv: PipelineView, width: int) -> tuple[str, int, int, int]:
+        """(pipeline, source, ranks, the TP its tail regroups on) of :meth:`gen_s`'s cache."""
+        tp = pv.spec.rollout_tp
+        group = widest_tp(min(width, view.accelerators_per_node), pv.model.num_heads) if (
+            self.tail_requests and view.can_regroup) else tp
+        return (pv.name, self.source(pv), max(1, width // tp), group)
+
+    def cached_near(self, view: View, pv: PipelineView, width: int) -> float | None:
+        """:meth:`gen_s_near` if every time it reads is worked out already, else None (a
+        decision asks for it in the background instead of replaying now: :mod:`.background`)."""
+        needed = [width]
+        ladder = width_ladder(len(view.devices), pv.spec.rollout_tp)
+        if width not in ladder and ladder[0] < width < ladder[-1]:
+            needed = [max(w for w in ladder if w < width), next(w for w in ladder if w > width)]
+        if any(self._key(view, pv, w) not in self._gen for w in needed):
+            return None
+        return self.gen_s_near(view, pv, width)
 
     def gen_s_near(self, view: View, pv: PipelineView, width: int) -> float:
         """:meth:`gen_s` on a width of the planner's ladder (:func:`width_ladder`); between two
