@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from jigsawrl.graph.build import StepShape, build_step_graph, chain_steps
+from jigsawrl.graph.build import (
+    StepShape,
+    build_step_graph,
+    chain_steps,
+    post_rollout_s,
+    rollout_end_s,
+)
 from jigsawrl.graph.predict import HistoryPredictor, StepObservation
 from jigsawrl.graph.substage import SubStageGraph, SubStageNode
 from jigsawrl.stages import POST_ROLLOUT, Stage
@@ -35,6 +41,30 @@ def test_step_graph_has_per_rank_chains_and_barrier(fake_cost) -> None:  # noqa:
     expected = 0.1 + 6 + 0.5 + 2 * 0.001 * tokens / 2 + 0.003 * tokens / 2 + 1.0
     assert length == pytest.approx(expected)
     assert g.nodes[path[0]].rank == 1 and g.nodes[path[-1]].stage == Stage.WEIGHT_SYNC
+
+
+def test_a_graph_of_some_ranks_and_the_times_read_off_it(fake_cost) -> None:  # noqa: ANN001
+    """``ranks`` keeps only those workers' rollout chains (the barrier then waits for them);
+    ``rollout_end_s`` is the slowest kept chain, ``post_rollout_s`` each later stage."""
+    full = build_step_graph(shape(), reqs(3, 6), fake_cost)
+    first = build_step_graph(shape(), reqs(3, 6), fake_cost, ranks=(0,))
+    assert {n.rank for n in first.nodes.values() if n.stage not in POST_ROLLOUT} == {0}
+    reward = next(n for n, v in first.nodes.items() if v.stage == Stage.REWARD)
+    assert len(first.pred[reward]) == 1
+    assert rollout_end_s(full) == pytest.approx(0.1 + 6) and rollout_end_s(first) == pytest.approx(
+        0.1 + 3)
+    stages = post_rollout_s(full)
+    assert list(stages) == list(POST_ROLLOUT) and stages == post_rollout_s(first)
+    assert full.critical_path()[0] == pytest.approx(rollout_end_s(full) + sum(stages.values()))
+
+
+def test_an_engines_batch_limit_shapes_the_graph(fake_cost) -> None:  # noqa: ANN001
+    """``max_num_seqs`` 1: the second request waits for the first (two prefills in turn)."""
+    one = StepShape("p", 0, M, 1, 1, 1, kv_budget_tokens=100_000, max_num_seqs=1)
+    g = build_step_graph(one, reqs(3, 6), fake_cost)
+    assert [n.stage for n in g.nodes.values()][:4] == [Stage.PREFILL, Stage.DECODE_SMALL,
+                                                        Stage.PREFILL, Stage.DECODE_SMALL]
+    assert rollout_end_s(g) == pytest.approx(2 * 0.1 + 3 + 6)
 
 
 def test_boundness() -> None:

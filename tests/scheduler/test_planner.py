@@ -12,6 +12,7 @@ from jigsawrl.driver.state import DriverState
 from jigsawrl.experiments.resolve import resolve
 from jigsawrl.experiments.simulated import make_cost, run_once
 from jigsawrl.graph.predict import HistoryPredictor, StepObservation
+from jigsawrl.graph.substage import SubStageGraph
 from jigsawrl.scheduler import StartRollout, StartStage, get_policy
 from jigsawrl.scheduler.base import View
 from jigsawrl.scheduler.jigsaw import JigsawPolicy
@@ -242,6 +243,29 @@ def test_a_due_replan_runs_in_the_background_and_the_rollouts_wait_for_it() -> N
     starts = {a.pipeline: len(a.devices) for a in pol.decide(moved).actions
               if isinstance(a, StartRollout)}
     assert starts == after and pol.background() is None
+
+
+def test_the_predicted_graph_is_the_state_one_changed_node_changes_the_order() -> None:
+    """Issue 11 item 1: a step's prediction is its Sub-Stage Graph and every time the policy
+    reads comes off it. Twins tie on urgency (config order); lengthening one decode node of
+    the second one's predicted graph lengthens its predicted rollout and step by exactly that,
+    and makes it the more urgent: it gets the train-state slot first."""
+    view = first_view(cfg(("gsm8k", "gsm8k"), model="qwen3-4b", batch=64, steps=4))
+    pol = JigsawPolicy(fallback=False)
+    pol.decide(view)
+    preds = pol.predictions
+    assert [p.name for p in preds.by_urgency(view)] == ["p0", "p1"]
+    before = preds.get("p1", 0)
+    assert before is not None and before.gen_s > 0
+    graph = SubStageGraph()
+    graph.merge(before.graph)
+    node = next(n for n in graph.nodes.values() if n.stage.startswith("decode"))
+    graph.nodes[node.node_id] = replace(node, duration_s=node.duration_s + 100.0)
+    after = preds.replace("p1", 0, graph)
+    assert after.gen_s == pytest.approx(before.gen_s + 100.0)
+    assert after.step_s == pytest.approx(before.step_s + 100.0)
+    assert after.stages_s == before.stages_s
+    assert [p.name for p in preds.by_urgency(view)] == ["p1", "p0"]
 
 
 # ---------------------------------------------------------------------------- train-state slot

@@ -10,13 +10,13 @@ the all-ranks edge into ``reward`` is the long-tail barrier the paper attacks.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from jigsawrl.costmodel.protocol import CostModelProtocol
 from jigsawrl.graph.substage import SubStageGraph, SubStageNode
 from jigsawrl.sim.rollout import ReqRun, RolloutInstance
-from jigsawrl.stages import Stage
+from jigsawrl.stages import POST_ROLLOUT, Stage
 from jigsawrl.workload.models import ModelSpec
 from jigsawrl.workload.requests import RequestTruth
 
@@ -34,6 +34,7 @@ class StepShape:
     kv_budget_tokens: int
     use_ref: bool = True
     ppo_epochs: int = 1
+    max_num_seqs: int = 256  # an engine's batch limit (``sim.rollout.engine_limits``)
 
 
 def split_ranks(requests: list[RequestTruth], n_ranks: int) -> list[list[RequestTruth]]:
@@ -91,15 +92,23 @@ def rank_segments(inst: RolloutInstance, *, t0: float = 0.0,
 
 
 def build_step_graph(shape: StepShape, requests: list[RequestTruth],
-                     cost: CostModelProtocol) -> SubStageGraph:
-    """The Sub-Stage Graph of one step (see the module docstring)."""
+                     cost: CostModelProtocol, *,
+                     ranks: Collection[int] | None = None) -> SubStageGraph:
+    """The Sub-Stage Graph of one step (see the module docstring).
+
+    ``ranks``: only these DP workers' rollout chains (default: every one) — a scheduler whose
+    predicted requests are dealt so that every rank holds the same mix replays one (each
+    replay costs a rank's continuous-batching run)."""
     g = SubStageGraph()
     p, s = shape.pipeline, shape.step
     n_ranks = max(1, shape.rollout_devices // shape.rollout_tp)
     last: list[str] = []
     for rank, reqs in enumerate(split_ranks(requests, n_ranks)):
+        if ranks is not None and rank not in ranks:
+            continue
         inst = RolloutInstance(f"{p}/{s}/{rank}", shape.model, shape.rollout_tp, cost,
-                               kv_budget_tokens=shape.kv_budget_tokens)
+                               kv_budget_tokens=shape.kv_budget_tokens,
+                               max_num_seqs=shape.max_num_seqs)
         inst.add(reqs)
         prev = None
         for k, (kind, t0, t1, tokens) in enumerate(_merge(rank_segments(inst))):
@@ -119,6 +128,21 @@ def build_step_graph(shape: StepShape, requests: list[RequestTruth],
             g.add_edge(a, node.node_id)
         prev_ids = [node.node_id]
     return g
+
+
+def rollout_end_s(g: SubStageGraph) -> float:
+    """When the step's rollout ends: the slowest rank's chain of rollout sub-stages (every node
+    before the barrier into ``reward``), summed."""
+    per_rank: dict[int, float] = {}
+    for node in g.nodes.values():
+        if node.stage not in POST_ROLLOUT:
+            per_rank[node.rank] = per_rank.get(node.rank, 0.0) + node.duration_s
+    return max(per_rank.values(), default=0.0)
+
+
+def post_rollout_s(g: SubStageGraph) -> dict[str, float]:
+    """Each post-rollout stage's duration in the graph, in verl's order."""
+    return {n.stage: n.duration_s for n in g.nodes.values() if n.stage in POST_ROLLOUT}
 
 
 def _merge(segs: list[tuple[str, float, float, int]]) -> list[tuple[str, float, float, int]]:

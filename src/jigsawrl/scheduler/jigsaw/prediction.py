@@ -1,11 +1,21 @@
-"""The ``jigsaw`` policy's predictions: each pipeline's next step timed from its history, and the
-urgency that ranks pipelines.
+"""The ``jigsaw`` policy's predictions: each pipeline's next step as its predicted Sub-Stage Graph,
+and the urgency that ranks pipelines.
 
 A step is predicted once, when it is first asked for (:meth:`StepPredictions.ensure`): the
-history predictor (:class:`~jigsawrl.graph.predict.HistoryPredictor`) gives the step's requests,
-one representative rank's rollout timeline gives the generation time, and the graph builder gives
-the post-rollout stages' times. The scheduler never sees sampled lengths (DESIGN.md §2.6).
-Predictions of steps more than one behind the newest are dropped.
+history predictor (:class:`~jigsawrl.graph.predict.HistoryPredictor`) gives the step's requests
+(the task prior before the first step), dealt so that every DP worker holds the same mix, and
+the graph builder (:func:`~jigsawrl.graph.build.build_step_graph`) makes the step's
+:class:`~jigsawrl.graph.substage.SubStageGraph`: one representative worker's rollout
+sub-stages (prefill, decode bands, tool waits: its continuous-batching run under the belief
+cost model) behind the barrier into the post-rollout stages. The graph is what is kept; every
+time the policy reads — a rollout's generation time, a stage's, the step's — is read off it
+(:class:`Prediction`), so a changed node changes every decision that reads it (tested). The
+scheduler never sees sampled lengths (DESIGN.md §2.6). Predictions of steps more than one behind
+the newest are dropped.
+
+Where the graph is not the state (said here, as DESIGN.md asks): the width planner times a
+rollout on each width with replays of its own (:mod:`.widths`: a batch split over that many
+ranks, the slowest rank), and the plan forecast runs on those times.
 """
 
 from __future__ import annotations
@@ -13,26 +23,31 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from jigsawrl.graph.build import post_rollout_stages, rank_segments, split_ranks
+from jigsawrl.graph.build import StepShape, build_step_graph, post_rollout_s, rollout_end_s
 from jigsawrl.graph.predict import HistoryPredictor
+from jigsawrl.graph.substage import SubStageGraph
 from jigsawrl.scheduler.base import PipelineView, View
 from jigsawrl.scheduler.verl_placements import prior_prompt_tokens
-from jigsawrl.sim.rollout import RolloutInstance, engine_limits
+from jigsawrl.sim.rollout import engine_limits
 from jigsawrl.stages import Stage
 from jigsawrl.workload.task_presets import TASKS
 
 
 @dataclass(frozen=True, slots=True)
 class Prediction:
-    """One step's predicted times: generation, and each post-rollout stage (``step_s``: their
-    sum, worked out once)."""
+    """One step's predicted Sub-Stage Graph and the times read off it once: generation (the
+    rollout's sub-stages), each post-rollout stage, and the step (their sum)."""
 
-    gen_s: float
-    stages_s: dict[str, float]
+    graph: SubStageGraph
+    gen_s: float = field(init=False)
+    stages_s: dict[str, float] = field(init=False)
     step_s: float = field(init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "step_s", self.gen_s + sum(self.stages_s.values()))
+        gen, stages = rollout_end_s(self.graph), post_rollout_s(self.graph)
+        object.__setattr__(self, "gen_s", gen)
+        object.__setattr__(self, "stages_s", stages)
+        object.__setattr__(self, "step_s", gen + sum(stages.values()))
 
 
 class StepPredictions:
@@ -95,19 +110,20 @@ class StepPredictions:
                                        n_ranks)
         kv = view.cost.kv_budget_tokens(pv.model, spec.rollout_tp,
                                         max(self._kv_mem_bytes(), 1.0))
-        # The predictor deals lengths round-robin, so rank 0 holds the longest request and a
-        # representative mix: its predicted timeline is the rollout's (cheap: one rank, not n).
-        inst = RolloutInstance(f"{pv.name}/{step}/pred", pv.model, spec.rollout_tp, view.cost,
-                               **engine_limits(view.cost, spec, kv))
-        inst.add(split_ranks(reqs, n_ranks)[0])
-        segs = rank_segments(inst)
-        gen = segs[-1][2] if segs else 0.0
-        tokens = sum(r.total_tokens for r in reqs)
+        limits = engine_limits(view.cost, spec, kv)
+        shape = StepShape(pv.name, step, pv.model, n_ranks * spec.rollout_tp, spec.rollout_tp,
+                          n, use_ref=spec.use_ref, ppo_epochs=spec.train.ppo_epochs, **limits)
         self._pred = {k: v for k, v in self._pred.items() if k[1] >= step - 1}
-        stages = post_rollout_stages(view.cost, pv.model, n, tokens, len(reqs),
-                                     use_ref=spec.use_ref, ppo_epochs=spec.train.ppo_epochs,
-                                     rollout_tp=spec.rollout_tp)
-        return Prediction(gen, stages)
+        # The predictor deals lengths round-robin, so rank 0 holds the longest request and a
+        # representative mix: its predicted sub-stages are the rollout's (cheap: one rank, not n).
+        return Prediction(build_step_graph(shape, reqs, view.cost, ranks=(0,)))
+
+    def replace(self, pipeline: str, step: int, graph: SubStageGraph) -> Prediction:
+        """Put ``graph`` in place of a step's predicted graph (what a caller that knows better —
+        or a test — does); every time read from then on comes from it."""
+        pred = self._pred[(pipeline, step)] = Prediction(graph)
+        self._version += 1
+        return pred
 
     # ------------------------------------------------------------------ urgency
     def by_urgency(self, view: View) -> list[PipelineView]:
