@@ -18,7 +18,7 @@ from jigsawrl.scheduler.base import View
 from jigsawrl.scheduler.jigsaw import JigsawPolicy
 from jigsawrl.scheduler.jigsaw.fallback import verl_plans
 from jigsawrl.scheduler.jigsaw.plan_forecast import PlanPipe, Rates, forecast_plan
-from jigsawrl.scheduler.jigsaw.planner import WidthPlanner, fair_width
+from jigsawrl.scheduler.jigsaw.planner import GEN_TIMING, WidthPlanner, fair_width
 from jigsawrl.scheduler.jigsaw.widths import WidthTimer, as_turns, width_ladder
 from jigsawrl.stages import Stage
 from jigsawrl.workload.requests import RequestTruth
@@ -266,6 +266,27 @@ def test_the_predicted_graph_is_the_state_one_changed_node_changes_the_order() -
     assert after.step_s == pytest.approx(before.step_s + 100.0)
     assert after.stages_s == before.stages_s
     assert [p.name for p in preds.by_urgency(view)] == ["p1", "p0"]
+
+
+def test_prediction_error_is_tracked_per_pipeline() -> None:
+    """Issue 11 item 1: each measured rollout is compared with what was predicted at the width
+    it started on, once, and the policy reports the error per pipeline."""
+    view = first_view(cfg(("gsm8k", "math"), model="qwen3-4b", batch=64, steps=4))
+    pol = JigsawPolicy(fallback=False)
+    starts = {a.pipeline: a for a in pol.decide(view).actions if isinstance(a, StartRollout)}
+    planner = pol.planner
+    g, m = view.pipelines
+    expected = planner.timer.cached_near(view, g, len(starts["p0"].devices))
+    assert expected is not None and expected > 0
+    n = 64 * 4
+    seen = StepObservation(0, (150,) * n, (300,) * n, {GEN_TIMING: expected / 1.4})
+    later = replace(view, pipelines=(replace(g, history=(seen,)), m))
+    planner.observe(later)
+    planner.observe(later)  # each rollout counted once
+    assert planner.errors == {"p0": [pytest.approx(0.4)]}
+    err = pol.report()["prediction_error"]
+    assert set(err) == {"p0"} and err["p0"]["rollouts"] == 1
+    assert err["p0"]["mean"] == err["p0"]["mean_abs"] == pytest.approx(0.4)
 
 
 # ---------------------------------------------------------------------------- train-state slot

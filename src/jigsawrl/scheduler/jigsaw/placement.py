@@ -69,6 +69,7 @@ class Placement:
             groups.sort(key=lambda g: (max(b.mem_slots(d) for d in g), g))
         devs = sorted(d for g in groups[:want] for d in g)
         self.predictions.ensure(view, pv, step)
+        self.planner.started(view, pv, step, len(devs))
         b.claim_rollout(task_id(pv.name, step, Stage.ROLLOUT), pv.name, devs, tp, need)
         return StartRollout(pv.name, step, tuple(devs), tp, share=1.0, kv_mem_bytes=kv_mem,
                             tail_logprobs=self.params.tail_logprobs and pv.spec.mode == "sync")

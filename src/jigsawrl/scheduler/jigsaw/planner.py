@@ -13,7 +13,11 @@ one with the most slack, while that improves. The fair plan is always a candidat
 worse than the fair cap it replaces.
 
 Replanning: when the pipelines still running change, and when a pipeline's prediction moves (its
-history grew) by more than ``DRIFT`` at its planned width. A replan (and the drift check, a
+history grew) by more than ``DRIFT`` at its planned width. Each measured rollout is also
+compared with its prediction at the width it started on (``errors``: the prediction error per
+pipeline, in the policy's report). A drift tolerance widened to a pipeline's recent error (a
+move within its usual error taken for noise) was tried and not kept: −7% to +8% by workload,
+a loss on the 128-GPU bench (docs/BENCHMARKS.md). A replan (and the drift check, a
 rollout replay) runs off the decision path (:mod:`.background`): a rollout start that needs it
 waits, and the decision after the work has run starts it; only the first plan is made in the
 decision. The forecast covers at most
@@ -41,7 +45,10 @@ from jigsawrl.scheduler.jigsaw.plan_forecast import PlanPipe, PlanResult, Rates,
 from jigsawrl.scheduler.jigsaw.residency import Residency
 from jigsawrl.scheduler.jigsaw.shares import compute_split
 from jigsawrl.scheduler.jigsaw.widths import WidthTimer, width_ladder
-from jigsawrl.stages import Stage
+from jigsawrl.stages import ROLLOUT_BANDS, VERL_TIMING, Stage
+
+# the rollout's measured seconds in a step's timings (verl's name)
+GEN_TIMING = next(k for k, v in VERL_TIMING.items() if v == ROLLOUT_BANDS)
 
 DRIFT = 0.15  # relative change of a planned rollout's predicted time that triggers a replan
 HORIZON = 6  # steps of the longest pipeline the plan forecast covers
@@ -82,6 +89,10 @@ class WidthPlanner:
         self.replans = 0
         self.bounds: LatencyBounds | None = None  # the policy sets them at its first decision
         self._check: set[str] = set()  # pipelines whose prediction moved, to check for drift
+        # prediction error per pipeline: each rollout's predicted seconds at the width it
+        # started on ÷ its measured seconds − 1, in step order (:meth:`observe`)
+        self.errors: dict[str, list[float]] = {}
+        self._expected: dict[tuple[str, int], float] = {}  # (pipeline, step) -> predicted s
         # a replan (or drift check) is left to the background and not run yet: the policy
         # holds back what would take devices before the waiting rollouts (they went first)
         self.due = False
@@ -115,6 +126,29 @@ class WidthPlanner:
         self.background.want("replan", lambda: self._refresh(view))
         self.due = True
         return None
+
+    def started(self, view: View, pv: PipelineView, step: int, width: int) -> None:
+        """Remember what ``pv``'s rollout of ``step``, starting on ``width`` devices, is
+        predicted to take (its time at that width if worked out, else the plan's)."""
+        if self.timer is None or self.plan is None:
+            return
+        got = self.timer.cached_near(view, pv, width)
+        planned = self.plan.gen_s.get(pv.name)
+        if got is None and planned is None:
+            return
+        self._expected[(pv.name, step)] = got if got is not None else planned
+
+    def observe(self, view: View) -> None:
+        """Track each pipeline's prediction error from the rollouts measured since the last
+        call (cheap: every decision calls it)."""
+        for pv in view.pipelines:
+            if not pv.history:
+                continue
+            obs = pv.history[-1]
+            expected = self._expected.pop((pv.name, obs.step), None)
+            measured = obs.stage_durations_s.get(GEN_TIMING)
+            if expected is not None and measured:
+                self.errors.setdefault(pv.name, []).append(expected / measured - 1.0)
 
     def _refresh(self, view: View) -> None:
         """Replan if the pipelines running changed or a moved prediction drifted (the drift

@@ -104,6 +104,11 @@ class JigsawPolicy(PolicyBase):
                                "regroups": self.tail.regroup.count,
                                "spreads": self.spread.count, "replans": self.planner.replans,
                                "background_work": self.jobs.handed}
+        if self.planner.errors:  # predicted ÷ measured rollout seconds − 1, per pipeline
+            out["prediction_error"] = {name: {
+                "rollouts": len(errs), "mean": sum(errs) / len(errs),
+                "mean_abs": sum(abs(e) for e in errs) / len(errs)}
+                for name, errs in self.planner.errors.items()}
         if self.choice is not None:
             out["plan"] = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
                            for k, v in asdict(self.choice).items()}
@@ -125,6 +130,7 @@ class JigsawPolicy(PolicyBase):
             self.choice = self._choose_plan(view)
         if self._delegate is not None:
             return self._delegate_decide(view)
+        self.planner.observe(view)
         board = self._boards.board(view)
         self.predictions.ensure_current(view)  # every urgency below reads the same predictions
         urgent = self.predictions.by_urgency(view)  # the train-state slot by urgency
