@@ -190,18 +190,23 @@ def test_the_critical_pipeline_gets_the_width() -> None:
     assert plan.result.key() <= no_plan.planner.make_plan(view).result.key()
 
 
-def test_a_changed_prediction_changes_the_plan() -> None:
-    """The plan follows the predicted lengths: when GSM8K's history shows long responses, it is
-    no longer the one to run narrow (the truth is never read: only the view's history moved)."""
-    view = first_view(cfg(("gsm8k", "math"), model="qwen3-4b", batch=64, steps=4))
-    before = planner_for(view).make_plan(view).widths
+def long_gsm8k_short_math(view: View) -> View:
+    """``view`` after a first step in which GSM8K (``p0``) answered long and MATH short."""
     n = 64 * 4
     long_hist = (StepObservation(0, (150,) * n, tuple([3900] * (n // 2) + [2500] * (n // 2)),
                                  {}),)
     short_hist = (StepObservation(0, (150,) * n, (300,) * n, {}),)
     g, m = view.pipelines
-    moved = replace(view, pipelines=(replace(g, history=long_hist),
-                                     replace(m, history=short_hist)))
+    return replace(view, pipelines=(replace(g, history=long_hist),
+                                    replace(m, history=short_hist)))
+
+
+def test_a_changed_prediction_changes_the_plan() -> None:
+    """The plan follows the predicted lengths: when GSM8K's history shows long responses, it is
+    no longer the one to run narrow (the truth is never read: only the view's history moved)."""
+    view = first_view(cfg(("gsm8k", "math"), model="qwen3-4b", batch=64, steps=4))
+    before = planner_for(view).make_plan(view).widths
+    moved = long_gsm8k_short_math(view)
     after = planner_for(moved).make_plan(moved).widths
     assert before["p0"] < before["p1"]
     assert after["p0"] > after["p1"]
@@ -226,13 +231,7 @@ def test_a_due_replan_runs_in_the_background_and_the_rollouts_wait_for_it() -> N
     pol.decide(view)  # the first plan is made in the decision
     assert pol.background() is None  # nothing left (and the driver's asking turns it on)
     before = dict(pol.planner.plan.widths)
-    n = 64 * 4
-    long_hist = (StepObservation(0, (150,) * n, tuple([3900] * (n // 2) + [2500] * (n // 2)),
-                                 {}),)
-    short_hist = (StepObservation(0, (150,) * n, (300,) * n, {}),)
-    g, m = view.pipelines
-    moved = replace(view, pipelines=(replace(g, history=long_hist),
-                                     replace(m, history=short_hist)))
+    moved = long_gsm8k_short_math(view)
     assert not [a for a in pol.decide(moved).actions if isinstance(a, StartRollout)]
     assert pol.planner.plan.widths == before  # not replanned in the decision
     work = pol.background()
