@@ -140,15 +140,16 @@ class WidthPlanner:
 
     def observe(self, view: View) -> None:
         """Track each pipeline's prediction error from the rollouts measured since the last
-        call (cheap: every decision calls it)."""
+        call (cheap: every decision calls it; a prediction whose rollout was measured, or
+        never will be, is dropped)."""
         for pv in view.pipelines:
-            if not pv.history:
-                continue
-            obs = pv.history[-1]
-            expected = self._expected.pop((pv.name, obs.step), None)
-            measured = obs.stage_durations_s.get(GEN_TIMING)
-            if expected is not None and measured:
-                self.errors.setdefault(pv.name, []).append(expected / measured - 1.0)
+            for obs in pv.history:
+                expected = self._expected.pop((pv.name, obs.step), None)
+                measured = obs.stage_durations_s.get(GEN_TIMING)
+                if expected is not None and measured:
+                    self.errors.setdefault(pv.name, []).append(expected / measured - 1.0)
+            if pv.finished:
+                self._expected = {k: v for k, v in self._expected.items() if k[0] != pv.name}
 
     def _refresh(self, view: View) -> None:
         """Replan if the pipelines running changed or a moved prediction drifted (the drift
