@@ -6,7 +6,8 @@ pipeline on the critical path gets the width it needs and the others fill around
 each rollout taking a fair share of the pool. A plan is scored by :func:`~.plan_forecast.
 forecast_plan` over every pipeline's remaining steps (how far the predicted step latencies
 exceed the pipelines' bounds, :mod:`.latency`; the makespan; the sum of finish times), and
-searched by a min-max greedy: from the narrowest plan and from the fair plan, the pipeline that
+searched by a min-max greedy: from the narrowest plan and from the fair plan (and, in a replan,
+from the plan in force: a third start the background work can afford), the pipeline that
 finishes last (or is most over its latency bound) grows to its next width while the widths fit
 in the pool and the forecast improves; then the last one grows by taking a width step from the
 one with the most slack, while that improves. The fair plan is always a candidate, so the plan is never predicted
@@ -212,7 +213,12 @@ class WidthPlanner:
         if self.params.plan_widths and not self.residency.tight and \
                 self.params.max_colocated == 1:
             narrow = {p.name: ladders[p.name][0] for p in live}
-            for start in (narrow, fixed):
+            starts = [narrow, fixed]
+            if self.plan is not None:  # a replan: from the plan in force too
+                warm = {p.name: self.plan.widths.get(p.name, ladders[p.name][0]) for p in live}
+                if sum(warm.values()) <= n and warm not in starts:
+                    starts.append(warm)
+            for start in starts:
                 widths, res = _grow(start, score, ladders, n)
                 widths, res = _trade(widths, res, score, ladders, n)
                 if res.key() < best.key() and (
