@@ -93,7 +93,7 @@ class WidthPlanner:
         # prediction error per pipeline: each rollout's predicted seconds at the width it
         # started on ÷ its measured seconds − 1, in step order (:meth:`observe`)
         self.errors: dict[str, list[float]] = {}
-        self._expected: dict[tuple[str, int], float] = {}  # (pipeline, step) -> predicted s
+        self._expected: dict[str, dict[int, float]] = {}  # pipeline -> step -> predicted s
         # a replan (or drift check) is left to the background and not run yet: the policy
         # holds back what would take devices before the waiting rollouts (they went first)
         self.due = False
@@ -121,12 +121,18 @@ class WidthPlanner:
             return self.plan
         if pv is not None and moved:
             self._check.add(pv.name)
-        if self.background is None or not self.background.active:
+        if self.background is None or not self.defers:
             self._refresh(view)
             return self.plan
         self.background.want("replan", lambda: self._refresh(view))
         self.due = True
         return None
+
+    @property
+    def defers(self) -> bool:
+        """Whether work goes to the background (a driver takes it) rather than being done in
+        the call that needs it."""
+        return self.background is not None and self.background.active
 
     def started(self, view: View, pv: PipelineView, step: int, width: int) -> None:
         """Remember what ``pv``'s rollout of ``step``, starting on ``width`` devices, is
@@ -137,20 +143,25 @@ class WidthPlanner:
         planned = self.plan.gen_s.get(pv.name)
         if got is None and planned is None:
             return
-        self._expected[(pv.name, step)] = got if got is not None else planned
+        self._expected.setdefault(pv.name, {})[step] = got if got is not None else planned
 
     def observe(self, view: View) -> None:
         """Track each pipeline's prediction error from the rollouts measured since the last
-        call (cheap: every decision calls it; a prediction whose rollout was measured, or
-        never will be, is dropped)."""
+        call (cheap: every decision calls it, and only pipelines with a rollout predicted and
+        not yet measured are looked at; a finished pipeline's are dropped)."""
+        if not self._expected:
+            return
         for pv in view.pipelines:
+            pending = self._expected.get(pv.name)
+            if not pending:
+                continue
             for obs in pv.history:
-                expected = self._expected.pop((pv.name, obs.step), None)
+                expected = pending.pop(obs.step, None)
                 measured = obs.stage_durations_s.get(GEN_TIMING)
                 if expected is not None and measured:
                     self.errors.setdefault(pv.name, []).append(expected / measured - 1.0)
-            if pv.finished:
-                self._expected = {k: v for k, v in self._expected.items() if k[0] != pv.name}
+            if pv.finished or not pending:
+                del self._expected[pv.name]
 
     def _refresh(self, view: View) -> None:
         """Replan if the pipelines running changed or a moved prediction drifted (the drift

@@ -140,7 +140,7 @@ class TailSpread:
         timer = self.planner.timer
         assert timer is not None
         background = self.planner.background
-        if background is None or not background.active:
+        if background is None or not self.planner.defers:
             return timer.gen_s_near(view, pv, width)
         got = timer.cached_near(view, pv, width)
         if got is None:

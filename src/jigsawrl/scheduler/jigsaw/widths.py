@@ -158,11 +158,7 @@ class WidthTimer:
     def cached_near(self, view: View, pv: PipelineView, width: int) -> float | None:
         """:meth:`gen_s_near` if every time it reads is worked out already, else None (a
         decision asks for it in the background instead of replaying now: :mod:`.background`)."""
-        needed = [width]
-        ladder = width_ladder(len(view.devices), pv.spec.rollout_tp)
-        if width not in ladder and ladder[0] < width < ladder[-1]:
-            needed = [max(w for w in ladder if w < width), next(w for w in ladder if w > width)]
-        if any(self._key(view, pv, w) not in self._gen for w in needed):
+        if any(self._key(view, pv, w) not in self._gen for w in _timed(view, pv, width)):
             return None
         return self.gen_s_near(view, pv, width)
 
@@ -176,11 +172,10 @@ class WidthTimer:
         time falls about as 1 / width between two ladder widths (its work divided, its tail
         not), so the interpolation is close where the ladder is dense (every group count up
         to 4) and a simplification beyond, where the ladder steps by × 1.5."""
-        ladder = width_ladder(len(view.devices), pv.spec.rollout_tp)
-        if width in ladder or width < ladder[0] or width > ladder[-1]:
+        timed = _timed(view, pv, width)
+        if len(timed) == 1:
             return self.gen_s(view, pv, width)
-        hi = next(w for w in ladder if w > width)
-        lo = max(w for w in ladder if w < width)
+        lo, hi = timed
         frac = (1.0 / lo - 1.0 / width) / (1.0 / lo - 1.0 / hi)
         at_lo, at_hi = self.gen_s(view, pv, lo), self.gen_s(view, pv, hi)
         return at_lo + frac * (at_hi - at_lo)
@@ -243,6 +238,15 @@ class WidthTimer:
         n = len(view.devices)
         move = view.cost.host_transfer_time_s(pipeline_resident_bytes(view.cost, pv, n) * n, n)
         return stages.get(Stage.REWARD, 0.0), 2 * move, stages.get(Stage.WEIGHT_SYNC, 0.0)
+
+
+def _timed(view: View, pv: PipelineView, width: int) -> tuple[int, ...]:
+    """The widths :meth:`WidthTimer.gen_s_near` times for ``width``: itself when it is on the
+    ladder or beyond either end, else its two ladder neighbours (below, above)."""
+    ladder = width_ladder(len(view.devices), pv.spec.rollout_tp)
+    if width in ladder or width < ladder[0] or width > ladder[-1]:
+        return (width,)
+    return (max(w for w in ladder if w < width), next(w for w in ladder if w > width))
 
 
 def width_ladder(n: int, tp: int) -> list[int]:
