@@ -17,8 +17,9 @@ from jigsawrl.scheduler.jigsaw.board import build_board
 from jigsawrl.scheduler.jigsaw.spread import TailSpread
 
 # jigsaw's own plan at the config's TP with fair widths: each pipeline's rollout takes half of
-# the 8 devices, and the short 0.6B job's half idles once it finished
-OWN = {"fallback": False, "tp_search": False, "plan_widths": False}
+# the 8 devices, and the short 0.6B job's half idles once it finished (one rollout engine per
+# device: with two, both rollouts would share all eight)
+OWN = {"fallback": False, "tp_search": False, "plan_widths": False, "colocate": False}
 
 
 def pair(aime_batch: int):  # noqa: ANN201

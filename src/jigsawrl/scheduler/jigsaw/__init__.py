@@ -20,6 +20,11 @@ How it decides (every decision point; DESIGN.md §2):
    **Rollout TP** (``tp_search``, :mod:`.tp_search`): at the first decision the configured
    rollout TPs and their scales (×2, ×4, ×½) are each planned so, and the run keeps the ones
    predicted soonest (where the executor forms TP groups of any width).
+   **Co-located rollouts** (``colocate``): at the same decision each TP candidate is planned
+   again with two rollout engines per device (each rollout's rate beside another's replayed on
+   the simulator's rollout runtime, :mod:`.corun`), and two engines run where that is
+   forecast 5% sooner than the best with one — on a sync group without latency bounds (the
+   paper's AIME-tool and GSM8K twins: +11% / +7%, simulated).
 3. **Dynamic allocation.** The split of a device's compute between co-located sub-stages is chosen
    from the belief slowdown table over the discrete share levels, maximising the weighted progress
    rate ``Σ w / slowdown(stage, share)`` (``dynamic_shares=False``: an equal split).

@@ -53,6 +53,11 @@ class JigsawParams:
         spread: a running rollout grows onto whole TP groups nobody else wants when the belief
             cost model says it then ends sooner (:mod:`.spread`; only where the executor can;
             off: the ablation).
+        colocate: at the first decision, forecast the plan with two rollout engines per
+            device (pipeline multiplexing of rollouts, :mod:`.corun`) beside the plan with one,
+            and run two where that is predicted ``COLOCATE_MARGIN`` sooner (only with
+            ``max_colocated`` 1 and where the executor forms TP groups of any width; off: the
+            ablation, one engine per device unless ``max_colocated`` says otherwise).
 
     Raises:
         ConfigError: a depth below 0, or a count below 1.
@@ -73,6 +78,7 @@ class JigsawParams:
     tp_search: bool = True
     tail_logprobs: bool = False
     spread: bool = True
+    colocate: bool = True
 
     def __post_init__(self) -> None:
         for f in fields(self):

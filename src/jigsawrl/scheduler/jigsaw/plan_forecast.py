@@ -18,6 +18,12 @@ It must stay cheap (the planner tries a few dozen plans), so each pipeline is a 
   plan), the one with the most predicted work left first (the policy's urgency);
 - **weight sync** (host) completes the step.
 
+With two engine slots per device (``slots``: plans with two rollout engines per device) a
+rollout may start where one engine already is; while some devices hold two, each rollout
+progresses at ``1 - d (1 - co_rate)``, ``d`` the share of the running engines that have a
+second one beside them (fluid: the doubly held devices spread over every rollout), and a pass
+beside them at the two-engine shared rate.
+
 The passes run as the placement runs them: on the devices no rollout holds, at full share, when
 that is at least as fast as sharing every device beside the decodes (rate ``1 / slowdown``), else
 on every device, slowing the decodes to their share's rate. Simplification: a rollout holds its
@@ -55,6 +61,9 @@ class PlanPipe:
     rolling_s: float | None = None  # the current step's rollout: seconds left (running)
     trained_first: bool = False  # the current step's rollout is done; it waits to train
     ahead_s: float | None = None  # the next step's rollout (async): seconds left (running)
+    # its rollout's rate beside another pipeline's engine on its devices ÷ alone (plans with
+    # two engines per device: :mod:`.corun`)
+    co_rate: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +72,9 @@ class Rates:
 
     compute_shared: float  # a model pass on every device beside decodes
     decode_shared: float  # a decode beside that pass
+    # the same where devices hold two rollout engines (plans with ``slots`` = 2; None: as one)
+    compute_shared2: float | None = None
+    decode_shared2: float | None = None
 
 
 @dataclass(slots=True)
@@ -122,8 +134,10 @@ Work = tuple[str, _Pipe, float, float]
 
 
 def forecast_plan(pipes: list[PlanPipe], n: int, rates: Rates,
-                  max_events: int = 20_000) -> PlanResult:
-    """Forecast when every pipeline finishes its remaining steps under its planned width."""
+                  max_events: int = 20_000, slots: int = 1) -> PlanResult:
+    """Forecast when every pipeline finishes its remaining steps under its planned width;
+    ``slots``: rollout engines a device may host (2: co-located rollouts, each slowed to its
+    ``co_rate`` on the share of the devices held twice)."""
     ps = [_Pipe(p) for p in pipes if p.steps > 0]
     for p in ps:
         ahead = p.spec.ahead_s
@@ -138,7 +152,7 @@ def forecast_plan(pipes: list[PlanPipe], n: int, rates: Rates,
     t = 0.0
     train = _Train()
     for _ in range(max_events):
-        _start_rollouts(ps, n)
+        _start_rollouts(ps, n, slots)
         _start_training(ps, train)
         works = _works(ps, train, n, rates)
         if not works:
@@ -155,11 +169,12 @@ def _work_left(p: _Pipe) -> float:
     return (p.spec.steps - p.trained) * (p.spec.gen_s + p.spec.train_s)
 
 
-def _start_rollouts(ps: list[_Pipe], n: int) -> None:
+def _start_rollouts(ps: list[_Pipe], n: int, slots: int = 1) -> None:
     """Start every rollout that may start, most work left first; once pipelines have finished,
     a rollout takes the widest width their devices leave it (the policy replans then; devices
     the plan left free stay free)."""
-    _start_ahead(ps, n)
+    cap = n * slots  # engine slots of the pool
+    _start_ahead(ps, cap)
     # who may start does not depend on who starts first: find them before sorting
     may = [p for p in ps if p.roll_left is None and p.rolled < p.spec.steps
            and p.trained >= p.rolled - p.spec.staleness]
@@ -167,7 +182,7 @@ def _start_rollouts(ps: list[_Pipe], n: int) -> None:
         return
     held = _held(ps)
     planned = sum(p.spec.width for p in ps if p.trained < p.spec.steps)
-    room = min(n, sum(p.spec.width for p in ps))
+    room = min(cap, sum(p.spec.width for p in ps))
     for p in sorted(may, key=lambda x: -_work_left(x)) if len(may) > 1 else may:
         s = p.spec
         width, gen = s.width, s.gen_s
@@ -178,7 +193,7 @@ def _start_rollouts(ps: list[_Pipe], n: int) -> None:
             g = s.gen_at(w)
             if g < gen:
                 width, gen = w, g
-        if held + width > n and held > 0:
+        if held + width > cap and held > 0:
             continue
         p.roll_left, p.roll_width = gen, width
         held += width
@@ -190,10 +205,10 @@ def _held(ps: list[_Pipe]) -> int:
         p.ahead_width for p in ps if p.ahead_left is not None)
 
 
-def _start_ahead(ps: list[_Pipe], n: int) -> None:
+def _start_ahead(ps: list[_Pipe], cap: int) -> None:
     """An async pipeline's next rollout beside its running one, at its planned width, where
-    its weights would be within the staleness bound and the devices are free (the policy starts
-    it so: an async pipeline's next rollout fills free devices)."""
+    its weights would be within the staleness bound and engine slots (``cap``) are free (the
+    policy starts it so: an async pipeline's next rollout fills free devices)."""
     held: int | None = None  # counted only when some pipeline may start one (a hot loop)
     for p in ps:
         s = p.spec
@@ -202,7 +217,7 @@ def _start_ahead(ps: list[_Pipe], n: int) -> None:
                 nxt >= s.steps or p.trained < nxt - s.staleness:
             continue
         held = _held(ps) if held is None else held
-        if held + s.width > n:
+        if held + s.width > cap:
             continue
         p.ahead_left, p.ahead_width = s.gen_s, s.width
         held += s.width
@@ -221,18 +236,28 @@ def _start_training(ps: list[_Pipe], train: _Train) -> None:
 def _works(ps: list[_Pipe], train: _Train, n: int, rates: Rates) -> list[Work]:
     """Everything in progress, with its rate."""
     rolling = [p for p in ps if p.roll_left is not None or p.ahead_left is not None]
-    held = min(n, _held(ps))
+    engines = _held(ps)
+    held = min(n, engines)
+    # the share of the engines that have a second one on their devices (fluid: the doubly
+    # held devices spread over every rollout)
+    doubled = min(1.0, 2.0 * (engines - n) / engines) if engines > n else 0.0
     passing = train.holder is not None and train.phase == "pass"
     free = (n - held) / n
     shared = bool(passing and rolling and free < rates.compute_shared)
+    compute, decode = rates.compute_shared, rates.decode_shared if shared else 1.0
+    if shared and doubled and rates.compute_shared2 is not None:
+        # a data-parallel pass runs at its slowest device's rate: one beside two engines
+        compute = rates.compute_shared2
+        decode = rates.decode_shared2 if rates.decode_shared2 is not None else decode
     out: list[Work] = []
     for p in ps:
+        rate = decode * (1.0 - doubled * (1.0 - p.spec.co_rate)) if doubled else decode
         # the next rollout before the running one: it is advanced first, so that the running
         # one, when it ends, hands over the next one's time left after this interval
         if p.ahead_left is not None:
-            out.append(("ahead", p, p.ahead_left, rates.decode_shared if shared else 1.0))
+            out.append(("ahead", p, p.ahead_left, rate))
         if p.roll_left is not None:
-            out.append(("roll", p, p.roll_left, rates.decode_shared if shared else 1.0))
+            out.append(("roll", p, p.roll_left, rate))
         if p.reward_left is not None:
             out.append((Stage.REWARD, p, p.reward_left, 1.0))
         if p.sync_left is not None:
@@ -240,7 +265,7 @@ def _works(ps: list[_Pipe], train: _Train, n: int, rates: Rates) -> list[Work]:
     if train.holder is not None:
         rate = 1.0
         if passing and rolling:
-            rate = rates.compute_shared if shared else free
+            rate = compute if shared else free
         out.append(("train", train.holder, train.left, max(rate, 1e-6)))
     return out
 

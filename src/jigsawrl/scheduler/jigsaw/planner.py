@@ -28,7 +28,9 @@ decision. The forecast covers at most
 Not planned (said here, as DESIGN.md asks): with ``max_colocated`` > 1 (rollouts share devices)
 and under the memory-tight plan (no device is shared; each rollout takes the whole pool) the
 widths stay what they were; the plan is still forecast (a pass then waits for devices whose
-engines finished), so that :mod:`.fallback` can compare it with the verl placements.
+engines finished; with two engines per device the forecast has two engine slots per device and
+each rollout runs at its co-run rate while they are shared, :mod:`.corun`), so that
+:mod:`.fallback` and the first decision's co-location search can compare it.
 ``plan_widths=False`` keeps the fair cap (the ablation).
 """
 
@@ -40,6 +42,7 @@ from dataclasses import dataclass, replace
 
 from jigsawrl.scheduler.base import PipelineView, RunningTask, View
 from jigsawrl.scheduler.jigsaw.background import Background
+from jigsawrl.scheduler.jigsaw.corun import corun_rate
 from jigsawrl.scheduler.jigsaw.latency import LatencyBounds
 from jigsawrl.scheduler.jigsaw.params import JigsawParams
 from jigsawrl.scheduler.jigsaw.plan_forecast import PlanPipe, PlanResult, Rates, forecast_plan
@@ -213,7 +216,8 @@ class WidthPlanner:
             key = tuple(widths[p.name] for p in live)
             got = scores.get(key)
             if got is None:
-                res = forecast_plan([pipe(p, widths[p.name]) for p in live], n, rates)
+                res = forecast_plan([pipe(p, widths[p.name]) for p in live], n, rates,
+                                    slots=self.params.max_colocated)
                 finish = {k: v / scale for k, v in res.finish_s.items()}
                 got = scores[key] = self._bounded(view, PlanResult(res.makespan_s / scale, finish))
             return got
@@ -266,10 +270,16 @@ class WidthPlanner:
         pv = max(live, key=lambda p: p.model.num_params) if live else view.pipelines[0]
         if self.residency.tight:  # nothing shares a device: a pass waits for free devices
             return Rates(0.0, 1.0)
-        c, m = compute_split(view, pv, 1, self.params.dynamic_shares)
         cost = view.cost
-        return Rates(1.0 / cost.slowdown(Stage.ACTOR_UPDATE, c, model=pv.model),
-                     1.0 / cost.slowdown(Stage.DECODE_SMALL, m))
+
+        def beside(engines: int) -> tuple[float, float]:
+            c, m = compute_split(view, pv, engines, self.params.dynamic_shares)
+            return (1.0 / cost.slowdown(Stage.ACTOR_UPDATE, c, model=pv.model),
+                    1.0 / cost.slowdown(Stage.DECODE_SMALL, m))
+        one = beside(1)
+        if self.params.max_colocated < 2:
+            return Rates(*one)
+        return Rates(*one, *beside(2))
 
     def _pipe(self, view: View, pv: PipelineView, width: int, scale: float) -> PlanPipe:
         """``pv`` as the forecast sees it at ``width``, its current step where it is now."""
@@ -286,13 +296,30 @@ class WidthPlanner:
         def left_s(t: RunningTask) -> float:
             return max(0.0, timer.gen_s_near(view, pv, len(t.devices)) - (view.now_s - t.start_s))
         left = pv.spec.steps - step
+        co_rate = self._co_rate(view, pv, width) if self.params.max_colocated > 1 else 1.0
         return PlanPipe(pv.name, max(1, math.ceil(left * scale)), gen, width, wider,
                         lambda w: timer.gen_s(view, pv, w), reward,
                         timer.train_s(view, pv), move, sync,
                         pv.spec.max_staleness if pv.spec.mode == "async" else 0,
                         left_s(rolling[0]) if rolling else None,
                         not rolling and Stage.ROLLOUT in done,
-                        left_s(ahead[0]) if ahead else None)
+                        left_s(ahead[0]) if ahead else None, co_rate)
+
+    def _co_rate(self, view: View, pv: PipelineView, width: int) -> float:
+        """``pv``'s rollout rate beside a twin of itself or beside the heaviest other pipeline
+        still running (the one a twin slows most), whichever is slower (:mod:`.corun`): the
+        forecast does not know which pipeline it will share with, and the twin's rate alone
+        let a small model's steps run 1.41x solo against a bound of 1.34 on the paper's hetero
+        pair (docs/BENCHMARKS.md). Against the heaviest only, not every partner: at 512 GPUs
+        × 16 pipelines every pair cost ~13 s of replays."""
+        ranks = max(1, width // pv.spec.rollout_tp)
+        kv = self.residency.kv_mem
+        twin = corun_rate(view, pv, ranks, kv)
+        others = [p for p in view.pipelines if not p.finished and p.name != pv.name]
+        if not others:
+            return twin
+        heavy = min(others, key=lambda q: (corun_rate(view, q, ranks, kv), q.name))
+        return min(twin, corun_rate(view, pv, ranks, kv, heavy))
 
 
 def fair_width(view: View, tp: int, colocated: int) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from jigsawrl.config import PipelineSpec
@@ -38,6 +38,13 @@ from jigsawrl.scheduler.jigsaw.tail import TailMigration
 from jigsawrl.scheduler.jigsaw.tp_search import TPChoice, search_tp
 from jigsawrl.scheduler.rollout_tp import retp_view
 from jigsawrl.stages import HOST_STAGES, MODEL_PASSES, Stage
+
+# Two rollout engines per device must be forecast this much sooner than one to be run: the
+# forecast prices co-located rollouts against a twin of each pipeline (:mod:`.corun`), which
+# ranked the plans right on the example and paper groups where the predicted gain passed 5%
+# (docs/BENCHMARKS.md); at 3% async-aime-search co-located on a 3.1% predicted gain, measured
+# 0.99x.
+COLOCATE_MARGIN = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,27 +79,36 @@ class JigsawPolicy(PolicyBase):
                  history_window: int = 3, min_rollout_fraction: float = 0.5,
                  max_train_states: int = 1, plan_widths: bool = True, fallback: bool = True,
                  tail_tp: bool = True, tp_search: bool = True, tail_logprobs: bool = False,
-                 spread: bool = True, name: str = "jigsaw") -> None:
+                 spread: bool = True, colocate: bool = True, name: str = "jigsaw") -> None:
         self.params = JigsawParams(
             depth=depth, migration=migration, dynamic_shares=dynamic_shares,
             max_colocated=max_colocated, tail_requests=tail_requests, tail_batch=tail_batch,
             history_window=history_window, min_rollout_fraction=min_rollout_fraction,
             max_train_states=max_train_states, plan_widths=plan_widths, fallback=fallback,
-            tail_tp=tail_tp, tp_search=tp_search, tail_logprobs=tail_logprobs, spread=spread)
+            tail_tp=tail_tp, tp_search=tp_search, tail_logprobs=tail_logprobs, spread=spread,
+            colocate=colocate)
         self.name = name
         self.tp: TPChoice | None = None  # the rollout TPs searched at the first decision
+        # the co-location search's predictions (engines per device -> excess, makespan)
+        self.colocation: dict[int, tuple[float, float]] = {}
         self._specs: dict[str, PipelineSpec] = {}  # pipeline -> its spec at those TPs
         self.choice: PlanChoice | None = None  # what the first decision chose, and why
         self._delegate: Policy | None = None  # the verl placement run instead, if any
+        self._assemble()
+
+    def _assemble(self) -> None:
+        """The planner's pieces for ``self.params`` (again when the first decision changes
+        them: nothing has run yet)."""
+        history_window = self.params.history_window
         self.residency = Residency(self.params)
         self.predictions = StepPredictions(history_window, lambda: self.residency.kv_mem)
         self.jobs = Background()  # replans and replays left off the decision path
         self.planner = WidthPlanner(self.params, self.residency, self.jobs)
         self.placement = Placement(self.params, self.residency, self.predictions, self.planner)
-        self.lookahead = LookAhead(depth, self.predictions)
+        self.lookahead = LookAhead(self.params.depth, self.predictions)
         self.tail = TailMigration(self.params, self.residency, self.predictions)
         self.spread = TailSpread(self.params, self.residency, self.planner, self.predictions)
-        self.shares = ShareAssigner(dynamic_shares, self.predictions.urgency)
+        self.shares = ShareAssigner(self.params.dynamic_shares, self.predictions.urgency)
         self._boards = BoardCache()
         self._deferred = False  # the last decision's look-ahead held back a ready pass
         self._acted = False  # the last decision changed the pool
@@ -112,6 +128,11 @@ class JigsawPolicy(PolicyBase):
         if self.choice is not None:
             out["plan"] = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
                            for k, v in asdict(self.choice).items()}
+        if self.colocation:  # engines per device -> its predicted makespan (inf: none fits)
+            out["colocation"] = {
+                "runs": self.params.max_colocated, "predicted_s": {
+                    str(k): (None if not math.isfinite(s) else s)
+                    for k, (_, s) in self.colocation.items()}}
         if self.tp is not None:
             out["rollout_tp"] = {"runs": self.tp.tps or "configured", "predicted_s": {
                 k: (None if not math.isfinite(v) else v) for k, v in self.tp.predicted_s.items()}}
@@ -123,8 +144,8 @@ class JigsawPolicy(PolicyBase):
     def decide(self, view: View) -> Decision:
         if self.choice is None:  # the bounds are read at the configured rollout TPs
             self.planner.bounds = LatencyBounds.of(view)
-        if self.choice is None and self.params.tp_search and view.can_regroup:
-            self.tp = search_tp(view, self._predict_plan)
+        if self.choice is None:
+            self._search(view)
         view = self._retp(view)
         if self.choice is None:
             self.choice = self._choose_plan(view)
@@ -180,11 +201,56 @@ class JigsawPolicy(PolicyBase):
             return view
         return retp_view(view, self.tp.tps, self._specs)
 
-    def _predict_plan(self, view: View) -> tuple[float, float]:
-        """What a fresh jigsaw of these parameters (and this policy's latency bounds) predicts
-        for what it would run on ``view`` (its plan or the verl placement it falls back to):
-        the latency bounds' excess and the makespan (inf, inf: nothing fits)."""
-        fresh = JigsawPolicy(**{**asdict(self.params), "tp_search": False})
+    def _search(self, view: View) -> None:
+        """The first decision's searches, by prediction only: the rollout TPs (where the
+        executor forms TP groups of any width) and, for each, one or two rollout engines per
+        device — two where a fresh jigsaw predicts that sooner than the best with one by
+        :data:`COLOCATE_MARGIN` (within the latency bounds first); the rest of the run then
+        plans with two (:class:`JigsawParams`' ``colocate``). Not for groups with an async
+        pipeline: forced there, two engines measured 0.92-0.99x on all three async groups, and
+        the plan forecast, late by up to 8% on async groups, predicted async-aime-search 10%
+        sooner with two (docs/BENCHMARKS.md). Nor where a pipeline sets a latency bound: on
+        the paper's bounded hetero pair the co-located plan, forecast within 1.34x, ran the
+        small job at 1.35-1.41x its solo step (the co-run rate is a twin's or the heaviest
+        partner's at equal shares; the policy's urgency-weighted shares and the passes beside
+        two engines slow a small job more)."""
+        live = [p for p in view.pipelines if not p.finished]
+        colocate = self.params.colocate and self.params.max_colocated == 1 and \
+            view.can_regroup and len(live) > 1 and self.planner.bounds is None and \
+            all(p.spec.mode == "sync" for p in live)
+        if self.params.tp_search and view.can_regroup:
+            self.tp = search_tp(view, self._predict_plan)
+            one = self.tp.chosen
+            if colocate:
+                # its own plan only: the verl placements it could fall back to are the same
+                # with one engine per device or two, and were weighed in ``one`` already
+                both = search_tp(view, lambda v: self._predict_plan(v, max_colocated=2,
+                                                                    fallback=False))
+                self.colocation = {1: one, 2: both.chosen}
+                if _sooner(both.chosen, one):
+                    self.tp = both
+        elif colocate:
+            one = self._predict_plan(view)
+            two = self._predict_plan(view, max_colocated=2, fallback=False)
+            self.colocation = {1: one, 2: two}
+        if self.colocation and _sooner(self.colocation[2], self.colocation[1]):
+            bounds = self.planner.bounds
+            self.params = replace(self.params, max_colocated=2)
+            self._assemble()
+            self.planner.bounds = bounds
+
+    def _predict_plan(self, view: View, max_colocated: int | None = None,
+                      fallback: bool | None = None) -> tuple[float, float]:
+        """What a fresh jigsaw of these parameters (``max_colocated`` engines per device and
+        ``fallback`` if given) and this policy's latency bounds predicts for what it would run
+        on ``view`` (its plan or the verl placement it falls back to): the latency bounds'
+        excess and the makespan (inf, inf: nothing fits)."""
+        params = asdict(self.params) | {"tp_search": False}
+        if max_colocated is not None:
+            params["max_colocated"] = max_colocated
+        if fallback is not None:
+            params["fallback"] = fallback
+        fresh = JigsawPolicy(**params)
         fresh.planner.bounds = self.planner.bounds
         try:
             ch = fresh._choose_plan(view)
@@ -259,6 +325,12 @@ class JigsawPolicy(PolicyBase):
         if best is None:
             return None
         return self.placement.start_compute(view, b, *best)
+
+
+def _sooner(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    """Whether prediction ``a`` (latency bounds' excess, makespan) beats ``b`` by
+    :data:`COLOCATE_MARGIN`: a smaller excess, or the same and a makespan that much sooner."""
+    return a[0] < b[0] or a[0] == b[0] and a[1] < b[1] * (1.0 - COLOCATE_MARGIN)
 
 
 @register_policy("greedy")

@@ -15,6 +15,7 @@ Only where the executor forms TP groups of any width (``View.can_regroup``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -39,6 +40,8 @@ class TPChoice:
     tps: dict[str, int]
     predicted_s: dict[str, float]
     excess: dict[str, float] = field(default_factory=dict)
+    # the chosen candidate's (latency bounds' excess, predicted makespan)
+    chosen: tuple[float, float] = (0.0, 0.0)
 
 
 def search_tp(view: View, plan: Callable[[View], tuple[float, float]]) -> TPChoice:
@@ -65,4 +68,5 @@ def search_tp(view: View, plan: Callable[[View], tuple[float, float]]) -> TPChoi
     tps = next(t for t in seen if label(t) == best)
     return TPChoice({} if is_configured(view, tps) else tps,
                     {k: s for k, (_, s) in predicted.items()},
-                    {k: x for k, (x, _) in predicted.items() if x})
+                    {k: x for k, (x, _) in predicted.items() if x},
+                    predicted.get(best, (math.inf, math.inf)))
