@@ -36,7 +36,7 @@ from jigsawrl.scheduler.jigsaw.shares import ShareAssigner
 from jigsawrl.scheduler.jigsaw.spread import TailSpread
 from jigsawrl.scheduler.jigsaw.tail import TailMigration
 from jigsawrl.scheduler.jigsaw.tp_search import TPChoice, search_tp
-from jigsawrl.scheduler.rollout_tp import retp_view
+from jigsawrl.scheduler.rollout_tp import label, retp_view
 from jigsawrl.stages import HOST_STAGES, MODEL_PASSES, Stage
 
 # Two rollout engines per device must be forecast this much sooner than one to be run: the
@@ -45,6 +45,12 @@ from jigsawrl.stages import HOST_STAGES, MODEL_PASSES, Stage
 # (docs/BENCHMARKS.md); at 3% async-aime-search co-located on a 3.1% predicted gain, measured
 # 0.99x.
 COLOCATE_MARGIN = 0.05
+# ... or forecast no more than TIE later (within the forecast's error) with the pipelines'
+# finish times summed LATENCY_GAIN smaller: on the paper's GSM8K + MATH and hetero pairs and
+# two-gsm8k, forecast 0.0-0.5% later and 19-28% sooner summed, two engines measured -0.7% to
+# +0.7% tokens/s at a mean step latency 1.11-1.88x -> 0.84-1.02x solo (docs/BENCHMARKS.md).
+TIE = 0.01
+LATENCY_GAIN = 0.10
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +97,10 @@ class JigsawPolicy(PolicyBase):
         self.tp: TPChoice | None = None  # the rollout TPs searched at the first decision
         # the co-location search's predictions (engines per device -> excess, makespan)
         self.colocation: dict[int, tuple[float, float]] = {}
+        # the sum of the pipelines' forecast finish times of a plan the searches made (by the
+        # TPs' label and engines per device), and of the two plans the co-location compared
+        self._finish_sums: dict[tuple[str, int], float] = {}
+        self._sums: dict[int, float | None] = {}
         self._specs: dict[str, PipelineSpec] = {}  # pipeline -> its spec at those TPs
         self.choice: PlanChoice | None = None  # what the first decision chose, and why
         self._delegate: Policy | None = None  # the verl placement run instead, if any
@@ -132,7 +142,9 @@ class JigsawPolicy(PolicyBase):
             out["colocation"] = {
                 "runs": self.params.max_colocated, "predicted_s": {
                     str(k): (None if not math.isfinite(s) else s)
-                    for k, (_, s) in self.colocation.items()}}
+                    for k, (_, s) in self.colocation.items()},
+                # the pipelines' forecast finishes summed (None: that plan was verl's)
+                "finish_sum_s": {str(k): v for k, v in self._sums.items()}}
         if self.tp is not None:
             out["rollout_tp"] = {"runs": self.tp.tps or "configured", "predicted_s": {
                 k: (None if not math.isfinite(v) else v) for k, v in self.tp.predicted_s.items()}}
@@ -220,24 +232,46 @@ class JigsawPolicy(PolicyBase):
             all(p.spec.mode == "sync" for p in live)
         if self.params.tp_search and view.can_regroup:
             self.tp = search_tp(view, self._predict_plan)
-            one = self.tp.chosen
+            one, tps1 = self.tp.chosen, self._tps(view, self.tp)
             if colocate:
                 # its own plan only: the verl placements it could fall back to are the same
                 # with one engine per device or two, and were weighed in ``one`` already
                 both = search_tp(view, lambda v: self._predict_plan(v, max_colocated=2,
                                                                     fallback=False))
                 self.colocation = {1: one, 2: both.chosen}
-                if _sooner(both.chosen, one):
+                self._sums = {1: self._finish_sums.get((tps1, 1)),
+                              2: self._finish_sums.get((self._tps(view, both), 2))}
+                if self._co_wins():
                     self.tp = both
         elif colocate:
             one = self._predict_plan(view)
             two = self._predict_plan(view, max_colocated=2, fallback=False)
             self.colocation = {1: one, 2: two}
-        if self.colocation and _sooner(self.colocation[2], self.colocation[1]):
+            tps = label({p.name: p.spec.rollout_tp for p in view.pipelines})
+            self._sums = {k: self._finish_sums.get((tps, k)) for k in (1, 2)}
+        if self.colocation and self._co_wins():
             bounds = self.planner.bounds
             self.params = replace(self.params, max_colocated=2)
             self._assemble()
             self.planner.bounds = bounds
+
+    def _co_wins(self) -> bool:
+        """Whether two engines per device beat one (``colocation``'s predictions): sooner by
+        :data:`COLOCATE_MARGIN` (within the latency bounds first), or — both jigsaw's own plans
+        — no more than :data:`TIE` later with the pipelines' finish times summed
+        :data:`LATENCY_GAIN` smaller (their steps shorter on average: the paper's pairs of a
+        short and a long job take turns on the node with one engine, and the short job's
+        steps wait for the long one's rollouts)."""
+        one, two = self.colocation[1], self.colocation[2]
+        if _sooner(two, one):
+            return True
+        sum1, sum2 = self._sums.get(1), self._sums.get(2)
+        return (sum1 is not None and sum2 is not None and two[0] == one[0]
+                and two[1] <= one[1] * (1.0 + TIE) and sum2 <= sum1 * (1.0 - LATENCY_GAIN))
+
+    def _tps(self, view: View, choice: TPChoice) -> str:
+        """The label of the rollout TPs a TP search chose (the config's where it kept them)."""
+        return label(choice.tps or {p.name: p.spec.rollout_tp for p in view.pipelines})
 
     def _predict_plan(self, view: View, max_colocated: int | None = None,
                       fallback: bool | None = None) -> tuple[float, float]:
@@ -257,6 +291,11 @@ class JigsawPolicy(PolicyBase):
         except ConfigError:
             return math.inf, math.inf
         if ch.runs == "jigsaw":
+            plan = fresh.planner.plan
+            if plan is not None:  # its pipelines' finishes, for the latency tie-break
+                self._finish_sums[(label({p.name: p.spec.rollout_tp for p in view.pipelines}),
+                                   fresh.params.max_colocated)] = sum(
+                    plan.result.finish_s.values())
             return ch.jigsaw_excess, ch.jigsaw_s
         return (ch.verl_excess or 0.0), (ch.verl_s or math.inf)
 
