@@ -55,7 +55,8 @@ class JigsawParams:
             off: the ablation).
         colocate: at the first decision, forecast the plan with two rollout engines per
             device (pipeline multiplexing of rollouts, :mod:`.corun`) beside the plan with one,
-            and run two where that is predicted ``COLOCATE_MARGIN`` sooner (only with
+            and run two where that is predicted ``COLOCATE_MARGIN`` sooner, or as soon with
+            the pipelines finishing sooner on average (``policy.TIE``; only with
             ``max_colocated`` 1 and where the executor forms TP groups of any width; off: the
             ablation, one engine per device unless ``max_colocated`` says otherwise).
 
