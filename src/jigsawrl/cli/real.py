@@ -95,9 +95,11 @@ def _print_ray_result(console: Console, summary: dict[str, Any], cal: Any,
         console.print(speed, highlight=False)
     for line in cal.notes if cal is not None else []:
         console.print(f"- {line}", highlight=False)
-    plan = summary.get("policy_report", {}).get("plan")
-    if plan:
-        console.print(plan_note(plan), highlight=False)
+    report = summary.get("policy_report", {})
+    if report.get("plan"):
+        console.print(plan_note(report["plan"]), highlight=False)
+    if (searched := searched_note(report)) is not None:
+        console.print(searched, highlight=False)
     if out is None:
         return
     curves = plot_reward_curves(out / "reward_curves.png", summary)
@@ -106,6 +108,26 @@ def _print_ray_result(console: Console, summary: dict[str, Any], cal: Any,
                                         "none (this run_real reports no per-step metrics)"))
     console.print(f"results in [bold]{out}[/] (summary.json, events.jsonl, trace.json"
                   f"{', calibration.json' if cal is not None else ''})")
+
+
+def searched_note(report: dict[str, Any]) -> str | None:
+    """What jigsaw's first decision searched and chose besides the plan: the rollout TPs and
+    whether two pipelines' rollout engines share a device (None: it searched neither)."""
+    parts = []
+    tp = report.get("rollout_tp")
+    if tp:
+        runs = tp.get("runs")
+        chosen = "the config's" if runs == "configured" else ", ".join(
+            f"{p} {t}" for p, t in (runs or {}).items())
+        parts.append(f"rollout TP {chosen} (searched)")
+    co = report.get("colocation")
+    if co:
+        pred = co.get("predicted_s") or {}
+        one, two = pred.get("1"), pred.get("2")
+        nums = (f": forecast {two:.0f} s with two, {one:.0f} s with one"
+                if isinstance(one, int | float) and isinstance(two, int | float) else "")
+        parts.append(f"{co.get('runs')} rollout engine(s) per device{nums}")
+    return "searched: " + "; ".join(parts) if parts else None
 
 
 def plan_note(plan: dict[str, Any]) -> str:
