@@ -39,11 +39,11 @@ from jigsawrl.scheduler.jigsaw.tp_search import TPChoice, search_tp
 from jigsawrl.scheduler.rollout_tp import label, retp_view
 from jigsawrl.stages import HOST_STAGES, MODEL_PASSES, Stage
 
-# Two rollout engines per device must be forecast this much sooner than one to be run: the
-# forecast prices co-located rollouts against a twin of each pipeline (:mod:`.corun`), which
-# ranked the plans right on the example and paper groups where the predicted gain passed 5%
-# (docs/BENCHMARKS.md); at 3% async-aime-search co-located on a 3.1% predicted gain, measured
-# 0.99x.
+# Two rollout engines per device must be forecast this much sooner than one to be run: every
+# forecast gain of 5% or more on the example and paper groups was a measured gain, and the
+# forecast's co-run rates are a twin's or the heaviest partner's, not the actual partner's
+# (:mod:`.corun`); async-aime-search, forecast 2.5-3.1% sooner with two (10% with the rates of
+# a first version), measured 0.99x (docs/BENCHMARKS.md).
 COLOCATE_MARGIN = 0.05
 # ... or forecast no more than TIE later (within the forecast's error) with the pipelines'
 # finish times summed LATENCY_GAIN smaller: on the paper's GSM8K + MATH and hetero pairs and
