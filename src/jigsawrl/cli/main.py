@@ -89,13 +89,10 @@ def simulate(
     variant = f" (best placement: {run.variant})" if run.variant else ""
     out.print(f"policy [bold]{run.policy}[/]{variant}; simulated in {wall:.1f} s; "
               f"results in [bold]{folder}[/]")
-    from jigsawrl.cli.real import plan_note, searched_note
+    from jigsawrl.cli.real import plan_lines
 
-    report = run.summary.get("policy_report") or {}
-    if report.get("plan"):
-        out.print(plan_note(report["plan"]), highlight=False)
-    if (searched := searched_note(report)) is not None:
-        out.print(searched, highlight=False)
+    for line in plan_lines(run.summary):
+        out.print(line, highlight=False)
 
 
 # ---------------------------------------------------------------------------- compare

@@ -95,11 +95,8 @@ def _print_ray_result(console: Console, summary: dict[str, Any], cal: Any,
         console.print(speed, highlight=False)
     for line in cal.notes if cal is not None else []:
         console.print(f"- {line}", highlight=False)
-    report = summary.get("policy_report", {})
-    if report.get("plan"):
-        console.print(plan_note(report["plan"]), highlight=False)
-    if (searched := searched_note(report)) is not None:
-        console.print(searched, highlight=False)
+    for line in plan_lines(summary):
+        console.print(line, highlight=False)
     if out is None:
         return
     curves = plot_reward_curves(out / "reward_curves.png", summary)
@@ -108,6 +105,16 @@ def _print_ray_result(console: Console, summary: dict[str, Any], cal: Any,
                                         "none (this run_real reports no per-step metrics)"))
     console.print(f"results in [bold]{out}[/] (summary.json, events.jsonl, trace.json"
                   f"{', calibration.json' if cal is not None else ''})")
+
+
+def plan_lines(summary: dict[str, Any]) -> list[str]:
+    """What a run's policy chose at its first decision, from its summary's report: the plan
+    (:func:`plan_note`) and what it searched (:func:`searched_note`); none for a policy that
+    reports neither."""
+    report = summary.get("policy_report") or {}
+    lines = [plan_note(report["plan"])] if report.get("plan") else []
+    searched = searched_note(report)
+    return lines + ([searched] if searched is not None else [])
 
 
 def searched_note(report: dict[str, Any]) -> str | None:

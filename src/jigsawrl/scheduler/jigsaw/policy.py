@@ -95,12 +95,11 @@ class JigsawPolicy(PolicyBase):
             colocate=colocate)
         self.name = name
         self.tp: TPChoice | None = None  # the rollout TPs searched at the first decision
-        # the co-location search's predictions (engines per device -> excess, makespan)
-        self.colocation: dict[int, tuple[float, float]] = {}
-        # the sum of the pipelines' forecast finish times of a plan the searches made (by the
-        # TPs' label and engines per device), and of the two plans the co-location compared
+        # the co-location search's predictions: engines per device -> (latency bounds' excess,
+        # makespan, the pipelines' finishes summed; None where that plan was a verl fallback)
+        self.colocation: dict[int, tuple[float, float, float | None]] = {}
+        # the finishes summed of each own plan the searches forecast, by (TPs' label, engines)
         self._finish_sums: dict[tuple[str, int], float] = {}
-        self._sums: dict[int, float | None] = {}
         self._specs: dict[str, PipelineSpec] = {}  # pipeline -> its spec at those TPs
         self.choice: PlanChoice | None = None  # what the first decision chose, and why
         self._delegate: Policy | None = None  # the verl placement run instead, if any
@@ -142,9 +141,9 @@ class JigsawPolicy(PolicyBase):
             out["colocation"] = {
                 "runs": self.params.max_colocated, "predicted_s": {
                     str(k): (None if not math.isfinite(s) else s)
-                    for k, (_, s) in self.colocation.items()},
+                    for k, (_, s, _) in self.colocation.items()},
                 # the pipelines' forecast finishes summed (None: that plan was verl's)
-                "finish_sum_s": {str(k): v for k, v in self._sums.items()}}
+                "finish_sum_s": {str(k): f for k, (_, _, f) in self.colocation.items()}}
         if self.tp is not None:
             out["rollout_tp"] = {"runs": self.tp.tps or "configured", "predicted_s": {
                 k: (None if not math.isfinite(v) else v) for k, v in self.tp.predicted_s.items()}}
@@ -230,30 +229,34 @@ class JigsawPolicy(PolicyBase):
         colocate = self.params.colocate and self.params.max_colocated == 1 and \
             view.can_regroup and len(live) > 1 and self.planner.bounds is None and \
             all(p.spec.mode == "sync" for p in live)
+        two_tp: TPChoice | None = None
         if self.params.tp_search and view.can_regroup:
             self.tp = search_tp(view, self._predict_plan)
-            one, tps1 = self.tp.chosen, self._tps(view, self.tp)
             if colocate:
                 # its own plan only: the verl placements it could fall back to are the same
                 # with one engine per device or two, and were weighed in ``one`` already
-                both = search_tp(view, lambda v: self._predict_plan(v, max_colocated=2,
-                                                                    fallback=False))
-                self.colocation = {1: one, 2: both.chosen}
-                self._sums = {1: self._finish_sums.get((tps1, 1)),
-                              2: self._finish_sums.get((self._tps(view, both), 2))}
-                if self._co_wins():
-                    self.tp = both
+                two_tp = search_tp(view, lambda v: self._predict_plan(v, max_colocated=2,
+                                                                      fallback=False))
+                self.colocation = {1: self._with_sum(view, self.tp.tps, 1, self.tp.chosen),
+                                   2: self._with_sum(view, two_tp.tps, 2, two_tp.chosen)}
         elif colocate:
-            one = self._predict_plan(view)
-            two = self._predict_plan(view, max_colocated=2, fallback=False)
-            self.colocation = {1: one, 2: two}
-            tps = label({p.name: p.spec.rollout_tp for p in view.pipelines})
-            self._sums = {k: self._finish_sums.get((tps, k)) for k in (1, 2)}
+            self.colocation = {
+                1: self._with_sum(view, {}, 1, self._predict_plan(view)),
+                2: self._with_sum(view, {}, 2, self._predict_plan(view, max_colocated=2,
+                                                                  fallback=False))}
         if self.colocation and self._co_wins():
+            if two_tp is not None:
+                self.tp = two_tp
             bounds = self.planner.bounds
             self.params = replace(self.params, max_colocated=2)
             self._assemble()
             self.planner.bounds = bounds
+
+    def _with_sum(self, view: View, tps: dict[str, int], engines: int,
+                  predicted: tuple[float, float]) -> tuple[float, float, float | None]:
+        """``predicted`` (excess, makespan) with the finishes summed of the own plan forecast
+        at ``tps`` (the config's where empty) and ``engines`` (None: it fell back to verl)."""
+        return (*predicted, self._finish_sums.get((_tp_label(view, tps), engines)))
 
     def _co_wins(self) -> bool:
         """Whether two engines per device beat one (``colocation``'s predictions): sooner by
@@ -262,16 +265,11 @@ class JigsawPolicy(PolicyBase):
         :data:`LATENCY_GAIN` smaller (their steps shorter on average: the paper's pairs of a
         short and a long job take turns on the node with one engine, and the short job's
         steps wait for the long one's rollouts)."""
-        one, two = self.colocation[1], self.colocation[2]
-        if _sooner(two, one):
+        (x1, s1, sum1), (x2, s2, sum2) = self.colocation[1], self.colocation[2]
+        if _sooner((x2, s2), (x1, s1)):
             return True
-        sum1, sum2 = self._sums.get(1), self._sums.get(2)
-        return (sum1 is not None and sum2 is not None and two[0] == one[0]
-                and two[1] <= one[1] * (1.0 + TIE) and sum2 <= sum1 * (1.0 - LATENCY_GAIN))
-
-    def _tps(self, view: View, choice: TPChoice) -> str:
-        """The label of the rollout TPs a TP search chose (the config's where it kept them)."""
-        return label(choice.tps or {p.name: p.spec.rollout_tp for p in view.pipelines})
+        return (sum1 is not None and sum2 is not None and x2 == x1
+                and s2 <= s1 * (1.0 + TIE) and sum2 <= sum1 * (1.0 - LATENCY_GAIN))
 
     def _predict_plan(self, view: View, max_colocated: int | None = None,
                       fallback: bool | None = None) -> tuple[float, float]:
@@ -293,8 +291,7 @@ class JigsawPolicy(PolicyBase):
         if ch.runs == "jigsaw":
             plan = fresh.planner.plan
             if plan is not None:  # its pipelines' finishes, for the latency tie-break
-                self._finish_sums[(label({p.name: p.spec.rollout_tp for p in view.pipelines}),
-                                   fresh.params.max_colocated)] = sum(
+                self._finish_sums[(_tp_label(view, {}), fresh.params.max_colocated)] = sum(
                     plan.result.finish_s.values())
             return ch.jigsaw_excess, ch.jigsaw_s
         return (ch.verl_excess or 0.0), (ch.verl_s or math.inf)
@@ -364,6 +361,12 @@ class JigsawPolicy(PolicyBase):
         if best is None:
             return None
         return self.placement.start_compute(view, b, *best)
+
+
+def _tp_label(view: View, tps: dict[str, int]) -> str:
+    """The label of ``view``'s rollout TPs with ``tps`` in place (a TP search's choice; empty:
+    the view's own)."""
+    return label({p.name: tps.get(p.name, p.spec.rollout_tp) for p in view.pipelines})
 
 
 def _sooner(a: tuple[float, float], b: tuple[float, float]) -> bool:
