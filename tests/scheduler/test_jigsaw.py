@@ -316,3 +316,16 @@ def test_lookahead_offers_no_wait_where_a_device_runs_one_call_at_a_time() -> No
             serial_slice_s=slice_s)))
         assert la.choose(view, board, [cand]) is cand  # type: ignore[arg-type]
         assert la.stats.with_choice == options
+
+
+def test_a_rollout_on_current_weights_goes_before_another_pipelines_stale_one() -> None:
+    """Async: a pipeline's next-step rollout (its weights a version behind) takes devices only
+    after the other pipelines' current rollouts have theirs; urgency first had filled the pool
+    with the urgent pipeline's steps 0 and 1 while the other waited for a whole rollout
+    (docs/BENCHMARKS.md, "Async: current rollouts before stale ones")."""
+    exp = resolve(cfg(mode="async", max_staleness=1))
+    st = DriverState(exp)
+    pol = JigsawPolicy(fallback=False, tp_search=False)
+    d = pol.decide(st.view(0.0, make_cost(exp)))
+    starts = [(a.pipeline, a.step) for a in d.actions if isinstance(a, StartRollout)]
+    assert starts[:2] in ([("p0", 0), ("p1", 0)], [("p1", 0), ("p0", 0)])

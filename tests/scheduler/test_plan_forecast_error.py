@@ -17,13 +17,7 @@ from jigsawrl.experiments.simulated import simulate
 ROOT = Path(__file__).resolve().parents[2]
 PAPER = ("sync-gsm8k-gsm8k", "sync-gsm8k-math", "sync-aime-aime", "sync-search-search",
          "sync-32b-gsm8k-math", "async-gsm8k-math", "async-aime-search", "hetero-0.6b-llama8b")
-# A known miss, kept in view (strict: it fails the day it passes, to be moved back): the
-# forecast runs this async pair 12% short on seed 1 (docs/BENCHMARKS.md, "The plan forecast
-# against the event kernel").
-MISSES = {("configs/paper/async-gsm8k-math.yaml", 1)}
 SCENARIOS = [
-    pytest.param(path, seed, marks=pytest.mark.xfail(
-        strict=True, reason="plan forecast -12% here")) if (path, seed) in MISSES else
     (path, seed)
     for path in (*(f"configs/{c}.yaml" for c in ("two-gsm8k", "four-mixed", "eight-per-node",
                                                   "two-async")),

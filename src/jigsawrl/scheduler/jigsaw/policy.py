@@ -330,6 +330,7 @@ class JigsawPolicy(PolicyBase):
         model pass (one per device at a time), chosen by the look-ahead."""
         ready = [(pv, step, stage) for pv in self.predictions.by_urgency(view)
                  for step, stage in pv.ready()]
+        ready.sort(key=lambda r: r[1] > r[0].steps_completed)  # stable: ahead rollouts last
         starts: list[Action] = []
         for pv, step, stage in ready:
             if stage in HOST_STAGES:
