@@ -8,7 +8,8 @@ pass (DESIGN.md §2.7).
   less than ``min_rollout_fraction`` of its width. A second rollout of an async pipeline (its
   next step, within the staleness bound) takes free devices the same way: async rollouts fill
   the pool where the plan leaves room (reserving the others' planned widths for them was
-  measured slower on ``configs/two-async.yaml``, 725-761 s against 646 s at depth 0).
+  measured slower on ``configs/two-async.yaml``, 725-761 s against 646 s at depth 0), after
+  the other pipelines' current rollouts of the same decision (the policy's order).
 - A model pass runs on all devices (sharing them with decodes at the chosen split) or only on the
   free ones at full share, whichever the belief cost model says is faster and memory allows.
   With one train state at a time, one pass runs in the pool at a time; with more, each pass

@@ -330,7 +330,11 @@ class JigsawPolicy(PolicyBase):
         model pass (one per device at a time), chosen by the look-ahead."""
         ready = [(pv, step, stage) for pv in self.predictions.by_urgency(view)
                  for step, stage in pv.ready()]
-        ready.sort(key=lambda r: r[1] > r[0].steps_completed)  # stable: ahead rollouts last
+        # an async rollout a step ahead of its pipeline's weights goes after every current one
+        # (stable sort: urgency order within each); urgency alone gave the urgent pipeline's
+        # steps 0 and 1 the whole pool while the other waited (docs/BENCHMARKS.md, "Async:
+        # current rollouts before stale ones")
+        ready.sort(key=lambda r: r[1] > r[0].steps_completed)
         starts: list[Action] = []
         for pv, step, stage in ready:
             if stage in HOST_STAGES:
