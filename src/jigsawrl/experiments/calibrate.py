@@ -361,14 +361,16 @@ def simulate_replay(exp: Experiment, policy: str, truth: CostModel, *,
 
 def replay_bound(replay: Experiment, truth: CostModel, notes: list[str]) -> float | None:
     """The realistic makespan bound of a replayed experiment's observed requests under
-    ``truth`` (None, with a line in ``notes``, where the bound cannot be computed for it)."""
+    ``truth`` (None, with a line in ``notes``, where the bound cannot be computed for it), at
+    each pipeline's configured rollout TP: the Ray executor runs no other."""
     from jigsawrl.graph.makespan_bound import makespan_bound
 
     def observed(pipe: Any, step: int) -> list[RequestTruth]:
         return pipe.sampler.sample_step(None, pipe.spec.name, step, pipe.spec.batch_size)
 
     try:
-        return makespan_bound(replay.pipelines, observed, truth, replay.num_devices).bound_s
+        return makespan_bound(replay.pipelines, observed, truth, replay.num_devices,
+                              tps_of=lambda pipe: (pipe.spec.rollout_tp,)).bound_s
     except (ValueError, InputError) as exc:  # e.g. a pipeline the bound does not model
         notes.append(f"no makespan bound for the replayed workload: {exc}")
         return None

@@ -51,6 +51,14 @@ def regroup_tps(tp: int, num_heads: int, n_devices: int) -> tuple[int, ...]:
     return tuple(out)
 
 
+def rollout_tps(tp: int, num_heads: int, n_devices: int) -> tuple[int, ...]:
+    """The rollout TPs a schedule may run a pipeline configured at ``tp`` at: ``tp`` itself, half
+    of it (the baselines' TP variants go down to half, ``scheduler/rollout_tp.py``) and every
+    wider degree a regroup or a TP search can reach (:func:`regroup_tps`). Both bounds take the
+    fastest of them, so that they bound the runs at a searched TP too."""
+    return (tp, *((tp // 2,) if tp > 1 else ()), *regroup_tps(tp, num_heads, n_devices))
+
+
 def request_floor_s(cost: CostModelProtocol, model: ModelSpec, tp: int,
                     req: RequestTruth, wider: Sequence[int] = ()) -> float:
     """The fastest one request can complete: alone, whole devices, no contention; each prefill
@@ -156,9 +164,8 @@ def step_facts(cost: CostModelProtocol, pipe, reqs: Sequence[RequestTruth],  # n
     tokens = sum(r.total_tokens for r in reqs)
     # a policy may run the rollout at half the config's TP (scheduler/rollout_tp.py) or wider
     # (that, or a regroup of its tail): the floor takes the fastest of them
-    wider = (*((spec.rollout_tp // 2,) if spec.rollout_tp > 1 else ()),
-             *regroup_tps(spec.rollout_tp, m.num_heads, num_devices))
-    tps = (spec.rollout_tp, *wider)
+    tps = rollout_tps(spec.rollout_tp, m.num_heads, num_devices)
+    wider = tps[1:]
     post = min(post_chain_floor_s(cost, m, num_devices, tokens, len(reqs), spec.use_ref,
                                   spec.train.ppo_epochs, tp) for tp in tps)
     passes = 2 if spec.use_ref else 1

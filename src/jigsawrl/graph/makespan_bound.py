@@ -1,9 +1,14 @@
 """The realistic makespan bound of an experiment (``bound_s``; ``efficiency = bound_s /
 makespan_s``).
 
-``bound_s`` is the largest of these lower bounds, each a relaxation of what every schedule that
-keeps each pipeline's ``rollout_tp`` must do (all from the noise-free cost model and the run's
-*true* requests, as the floor):
+``bound_s`` is the largest of these lower bounds, each a relaxation of what every schedule must
+do (all from the noise-free cost model and the run's *true* requests, as the floor). A schedule
+may run a pipeline's rollout at another TP than the config's (jigsaw's TP search, the
+baselines' TP variants: half the config's TP to a whole node, :func:`~.bound.rollout_tps`), so
+each pipeline's share of each term is taken at its fastest of those TPs — separately per term,
+so the bound holds however a schedule mixes them. (Until 2026-12-07 the terms were taken at the
+config's TP only, which runs at a searched TP beat by up to 1.6×: docs/BENCHMARKS.md.) An
+executor that runs the config's TPs only passes those (``tps_of``; the Ray replay does):
 
 ``floor``
     the floor of :mod:`jigsawrl.graph.bound` (so ``floor_s <= bound_s`` by construction).
@@ -42,7 +47,7 @@ no trade-off left to search, and the bound records the width it assumed (``ranks
 
 What it does not cover: a policy that changes a pipeline's TP mid-rollout (jigsaw's tail
 regroup, ``Regroup`` in :mod:`jigsawrl.scheduler.base`: a tail re-prefilled on a wider TP group)
-decodes at another TP's speed and may beat the bound — the summary then says so (the floor
+decodes its body and its tail at two TPs' speeds and may beat the bound — the summary then says so (the floor
 allows for it: its longest request may decode at any TP a regroup reaches);
 so may one that streams finished groups through the trainer during the rollout (StreamRL,
 ``sim/stream.py``), since ``dependency`` puts the whole post-rollout chain after the rollout
@@ -57,15 +62,25 @@ read against ``bound_s - min(start_s)``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from jigsawrl.costmodel.protocol import CostModelProtocol
-from jigsawrl.graph.bound import StepFacts, floor_from_facts, pipeline_facts, staleness
+from jigsawrl.graph.bound import (
+    StepFacts,
+    floor_from_facts,
+    pipeline_facts,
+    rollout_tps,
+    staleness,
+)
 from jigsawrl.graph.decode_planes import DecodePlanes, decode_planes
 from jigsawrl.graph.rollout_bound import request_arrays, rollout_time_lb
+
+# A pipeline -> the rollout TPs it may run at.
+TPsOf = Callable[[object], Sequence[int]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,14 +141,17 @@ def _step_rollout(planes: DecodePlanes, facts: StepFacts, ranks: int, tp: int,
 
 
 def never_co_resident(cost: CostModelProtocol, pipes: Sequence,  # noqa: ANN001
-                      num_devices: int) -> bool:
+                      num_devices: int, tps_of: TPsOf | None = None) -> bool:
     """True when no rollout can share a device with a model pass it could overlap in time
     (another pipeline's, or its own for an async pipeline): rollout weights + one KV token +
-    the pass's weights sharded over the whole pool exceed a device's memory."""
+    the pass's weights sharded over the whole pool exceed a device's memory at every rollout
+    TP the pipeline may run at (``tps_of``; :func:`~.bound.rollout_tps` by default)."""
     hbm = cost.accel.hbm_bytes
     for a in pipes:
-        roll = cost.rollout_weight_bytes(a.model, a.spec.rollout_tp) + \
-            cost.kv_bytes(a.model, 1, a.spec.rollout_tp)
+        tps = tps_of(a) if tps_of else rollout_tps(a.spec.rollout_tp, a.model.num_heads,
+                                                   num_devices)
+        roll = min(cost.rollout_weight_bytes(a.model, tp) + cost.kv_bytes(a.model, 1, tp)
+                   for tp in tps)
         for b in pipes:
             if b is a and not staleness(a.spec):
                 continue  # a sync pipeline's own rollout and passes never overlap
@@ -144,7 +162,8 @@ def never_co_resident(cost: CostModelProtocol, pipes: Sequence,  # noqa: ANN001
 
 def makespan_bound(pipes: Sequence, steps_requests: Callable[[object, int], list],  # noqa: ANN001
                    cost: CostModelProtocol, num_devices: int, *,
-                   facts: dict[str, list[StepFacts]] | None = None) -> BoundReport:
+                   facts: dict[str, list[StepFacts]] | None = None,
+                   tps_of: TPsOf | None = None) -> BoundReport:
     """``bound_s`` of an experiment and its terms (module docstring).
 
     Args:
@@ -153,6 +172,9 @@ def makespan_bound(pipes: Sequence, steps_requests: Callable[[object, int], list
         cost: a noise-free cost model.
         num_devices: devices in the pool.
         facts: the per-step facts when already computed (:func:`~.bound.pipeline_facts`).
+        tps_of: the rollout TPs a pipeline may run at (None: :func:`~.bound.rollout_tps`, what
+            the simulator's policies may choose; an executor that runs the config's TPs only
+            passes those).
     """
     if facts is None:
         facts = pipeline_facts(pipes, steps_requests, cost, num_devices)
@@ -163,22 +185,32 @@ def makespan_bound(pipes: Sequence, steps_requests: Callable[[object, int], list
     ranks_of: dict[str, int] = {}
     rollout_s: dict[str, list[float]] = {}
     for p in pipes:
-        spec, tp = p.spec, p.spec.rollout_tp
-        key = (p.model.name, tp)
-        if key not in planes:
-            planes[key] = decode_planes(cost, p.model, tp)
-        ranks = max(1, num_devices // tp)
+        spec = p.spec
         steps = facts[spec.name]
-        rolls = [_step_rollout(planes[key], s, ranks, tp, work) for s in steps]
-        terms[f"dependency/{spec.name}"] = critical_path_s(
-            rolls, [s.post_s for s in steps], staleness(spec), spec.start_s)
-        ranks_of[spec.name] = ranks
-        rollout_s[spec.name] = rolls
+        posts = [s.post_s for s in steps]
+        dep, least = math.inf, _PoolWork(math.inf, math.inf)
+        for tp in tps_of(p) if tps_of else rollout_tps(spec.rollout_tp, p.model.num_heads,
+                                                         num_devices):
+            key = (p.model.name, tp)
+            if key not in planes:
+                planes[key] = decode_planes(cost, p.model, tp)
+            ranks = max(1, num_devices // tp)
+            at = _PoolWork()
+            rolls = [_step_rollout(planes[key], s, ranks, tp, at) for s in steps]
+            path = critical_path_s(rolls, posts, staleness(spec), spec.start_s)
+            if path < dep:
+                dep, ranks_of[spec.name], rollout_s[spec.name] = path, ranks, rolls
+            # each term at its own fastest TP: a bound on every choice, however they mix
+            least = _PoolWork(min(least.bandwidth_s, at.bandwidth_s),
+                              min(least.decode_compute_s, at.decode_compute_s))
+        terms[f"dependency/{spec.name}"] = dep
+        work.bandwidth_s += least.bandwidth_s
+        work.decode_compute_s += least.decode_compute_s
     pass_s = sum(s.pass_flops for steps in facts.values() for s in steps) / (
         cost.accel.peak_flops * cost.params.train_eff)
     terms["pool/bandwidth"] = work.bandwidth_s / num_devices
     terms["pool/compute"] = (work.decode_compute_s + pass_s) / num_devices
-    if never_co_resident(cost, pipes, num_devices):
+    if never_co_resident(cost, pipes, num_devices, tps_of):
         terms["pool/serial"] = (work.bandwidth_s + pass_s) / num_devices
     binding = max(terms, key=lambda k: (terms[k], k == "floor"))
     return BoundReport(float(np.float64(terms[binding])), floor, terms, binding, ranks_of,
