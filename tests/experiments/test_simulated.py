@@ -96,3 +96,23 @@ def test_jigsaw_reports_its_plan_and_look_ahead_in_the_summary() -> None:
     assert la["deferred"] <= la["differed"] <= la["with_choice"] <= la["decisions"]
     verl = simulate(cfg, policy="verl-split", solo=False).summary
     assert "policy_report" not in verl  # a policy with nothing to report adds nothing
+
+
+def test_solo_latency_is_the_pipelines_fastest_rollout_tp_alone() -> None:
+    """The solo reference runs each pipeline alone at the fastest of the baselines' rollout TPs:
+    never slower than alone at the config's TP, and faster where a wider TP shortens the long
+    tail (here: the config's TP 1 on 8 devices). Before, jigsaw's searched TP 8 made shared
+    steps look faster than alone (docs/BENCHMARKS.md, "Solo at its best TP")."""
+    from jigsawrl.config import load_config
+    from jigsawrl.events import StepFinished
+    from jigsawrl.metrics.summary import step_latencies
+
+    cfg = load_config("configs/two-gsm8k.yaml", ["pipelines.0.steps=2", "pipelines.1.steps=2"])
+    best = solo_latencies(cfg, 0)
+    for i, p in enumerate(cfg.pipelines):
+        exp = solo_experiment(cfg, i)
+        res = run_once(exp, make_policy(exp.config, "verl-split", {}), 0)
+        lat = list(step_latencies([e for e in res.events if isinstance(e, StepFinished)],
+                                  {p.name: 0.0}).values())
+        at_config = sum(lat) / len(lat)
+        assert best[p.name] < at_config * 0.95, (p.name, p.rollout_tp, best[p.name], at_config)

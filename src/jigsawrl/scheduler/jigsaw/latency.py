@@ -12,8 +12,10 @@ wins. Without a bound nothing changes (the excess is 0 for every plan).
 
 What is predicted, from the view and the belief cost model only (DESIGN.md §6):
 
-- **solo** — a pipeline alone on the whole pool at its configured rollout TP, as the metric's
-  reference runs it (``metrics/summary.py``, ``latency_vs_solo``: verl-split alone): verl's
+- **solo** — a pipeline alone on the whole pool at the fastest of the rollout TPs the
+  baselines try (:data:`~jigsawrl.scheduler.rollout_tp.TP_FACTORS`; the config's only where the
+  executor runs no other), as the metric's reference runs it (``experiments/simulated.py``'s
+  ``solo_latencies``: verl-split alone): verl's
   :class:`~jigsawrl.scheduler.verl_placements.JobTimer` step on every device;
 - **under a plan** — its mean step latency as the summary counts it (from its arrival, waits
   included): the time from its arrival to its predicted finish over its steps.
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 from jigsawrl.errors import ConfigError
 from jigsawrl.scheduler.base import View
 from jigsawrl.scheduler.jigsaw.plan_forecast import total_excess
+from jigsawrl.scheduler.rollout_tp import TP_FACTORS, retp_view, scaled_tps
 from jigsawrl.scheduler.verl_placements import JobTimer
 from jigsawrl.workload.experiment import DEFAULT_GPU_MEMORY_UTILIZATION
 
@@ -47,19 +50,28 @@ class LatencyBounds:
 
     @classmethod
     def of(cls, view: View) -> LatencyBounds | None:
-        """The bounds of ``view``'s pipelines (read on the view at the configured rollout TPs),
+        """The bounds of ``view``'s pipelines (pass the view at the configured rollout TPs),
         or None when no pipeline sets one (or none can be timed alone: it does not fit)."""
-        timer = JobTimer(view, DEFAULT_GPU_MEMORY_UTILIZATION)
+        if not any(pv.spec.max_latency_ratio is not None for pv in view.pipelines):
+            return None
         n = len(view.devices)
+        factors = TP_FACTORS if view.can_regroup else (1.0,)
+        views = [retp_view(view, scaled_tps(view, f)) for f in factors]
+        timers = [(v, JobTimer(v, DEFAULT_GPU_MEMORY_UTILIZATION)) for v in views]
         bound, solo = {}, {}
-        for pv in view.pipelines:
+        for i, pv in enumerate(view.pipelines):
             ratio = pv.spec.max_latency_ratio
             if ratio is None:
                 continue
-            try:
-                solo[pv.name] = timer.step_s(pv, n)
-            except ConfigError:
+            times = []
+            for v, timer in timers:
+                try:
+                    times.append(timer.step_s(v.pipelines[i], n))
+                except ConfigError:
+                    continue  # that TP does not fit
+            if not times:
                 continue
+            solo[pv.name] = min(times)
             bound[pv.name] = ratio
         if not bound:
             return None
