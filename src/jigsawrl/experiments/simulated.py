@@ -230,7 +230,7 @@ def solo_latencies(cfg: ExperimentConfig, seed: int) -> dict[str, float]:
                 continue  # a TP the config already runs, or one that does not fit: skipped
             steps = [e for e in res.events if isinstance(e, StepFinished)]
             lat = list(step_latencies(steps, {p.name: 0.0}).values())
-            mean = sum(lat) / len(lat) if lat else float("nan")
-            best = mean if not best <= mean else best  # nan-safe min
+            if lat and not best <= sum(lat) / len(lat):  # nan-safe min (best starts nan)
+                best = sum(lat) / len(lat)
         out[p.name] = best
     return out

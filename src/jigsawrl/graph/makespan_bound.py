@@ -47,8 +47,8 @@ no trade-off left to search, and the bound records the width it assumed (``ranks
 
 What it does not cover: a policy that changes a pipeline's TP mid-rollout (jigsaw's tail
 regroup, ``Regroup`` in :mod:`jigsawrl.scheduler.base`: a tail re-prefilled on a wider TP group)
-decodes its body and its tail at two TPs' speeds and may beat the bound — the summary then says so (the floor
-allows for it: its longest request may decode at any TP a regroup reaches);
+decodes its body and its tail at two TPs' speeds and may beat the bound — the summary then says
+so (the floor allows for it: its longest request may decode at any TP a regroup reaches);
 so may one that streams finished groups through the trainer during the rollout (StreamRL,
 ``sim/stream.py``), since ``dependency`` puts the whole post-rollout chain after the rollout
 (the floor does not: it keeps only what must follow, so no schedule beats the floor); so may
