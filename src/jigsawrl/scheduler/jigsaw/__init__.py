@@ -23,10 +23,10 @@ How it decides (every decision point; DESIGN.md §2):
    **Co-located rollouts** (``colocate``): at the same decision each TP candidate is planned
    again with two rollout engines per device (each rollout's rate beside another's replayed on
    the simulator's rollout runtime, :mod:`.corun`), and two engines run where that is
-   forecast 5% sooner than the best with one, or no more than 1% later with the pipelines'
+   forecast 1% sooner than the best with one, or no more than 1% later with the pipelines'
    finishes summed 10% sooner — on a sync group without latency bounds (the paper's AIME-tool
-   and GSM8K twins: +11% / +7% tokens/s; its GSM8K + MATH and hetero pairs: ±0.7% tokens/s at
-   a mean step latency 0.84-1.02x solo instead of 1.11-1.88x; simulated).
+   and GSM8K twins: +11% / +7% tokens/s, its Search-R1 twins +2-5%; its GSM8K + MATH and
+   hetero pairs: ±0.7% tokens/s at shorter steps; simulated).
 3. **Dynamic allocation.** The split of a device's compute between co-located sub-stages is chosen
    from the belief slowdown table over the discrete share levels, maximising the weighted progress
    rate ``Σ w / slowdown(stage, share)`` (``dynamic_shares=False``: an equal split).
