@@ -24,3 +24,15 @@ def test_searched_note_names_the_tps_and_the_engines_per_device() -> None:
     assert "2 rollout engine(s) per device" in note and "847 s with two, 913 s with one" in note
     assert "the config's" in (searched_note({"rollout_tp": {"runs": "configured"}}) or "")
     assert searched_note({"plan": {"runs": "jigsaw"}}) is None  # nothing searched
+
+
+def test_searched_note_says_when_a_verl_placement_runs_instead_of_the_co_located_plan() -> None:
+    """The memory-tight 32B pair: two engines chosen for jigsaw's own plan, then its fallback
+    ran verl-serial; the note had read as if the pool ran two engines per device."""
+    from jigsawrl.cli.real import searched_note
+
+    co = {"runs": 2, "predicted_s": {"1": 1295.0, "2": 1268.0}}
+    fell = searched_note({"colocation": co, "plan": {"runs": "verl-serial"}}) or ""
+    own = searched_note({"colocation": co, "plan": {"runs": "jigsaw"}}) or ""
+    assert "verl placement above runs instead" in fell
+    assert "instead" not in own

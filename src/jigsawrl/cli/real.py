@@ -133,7 +133,10 @@ def searched_note(report: dict[str, Any]) -> str | None:
         one, two = pred.get("1"), pred.get("2")
         nums = (f": forecast {two:.0f} s with two, {one:.0f} s with one"
                 if isinstance(one, int | float) and isinstance(two, int | float) else "")
-        parts.append(f"{co.get('runs')} rollout engine(s) per device{nums}")
+        fell_back = (report.get("plan") or {}).get("runs") not in (None, "jigsaw")
+        parts.append(f"{co.get('runs')} rollout engine(s) per device{nums}"
+                     + (" (for its own plan; the verl placement above runs instead)"
+                        if fell_back else ""))
     return "searched: " + "; ".join(parts) if parts else None
 
 
