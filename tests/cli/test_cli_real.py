@@ -36,3 +36,15 @@ def test_searched_note_says_when_a_verl_placement_runs_instead_of_the_co_located
     own = searched_note({"colocation": co, "plan": {"runs": "jigsaw"}}) or ""
     assert "verl placement above runs instead" in fell
     assert "instead" not in own
+
+
+def test_plan_note_says_why_a_verl_placement_runs_though_the_own_plan_is_sooner() -> None:
+    """The 32B pair: own plan 1268 s, verl-serial 1295 s, verl-serial ran (the fallback's
+    margin); the note had left a user to guess why."""
+    from jigsawrl.cli.real import plan_note
+
+    note = plan_note({"runs": "verl-serial", "jigsaw_s": 1268.0, "verl": "verl-serial",
+                      "verl_s": 1295.0})
+    assert "runs only if predicted 3% sooner" in note
+    assert "runs only if" not in plan_note({"runs": "verl-queue-2", "jigsaw_s": 362.0,
+                                            "verl": "verl-queue-2", "verl_s": 361.0})

@@ -153,8 +153,14 @@ def plan_note(plan: dict[str, Any]) -> str:
         return (f"plan: {plan.get('runs')} (predicted makespan {own_s} {when}; fallback off: "
                 "the verl placements were not considered)")
     verl_s = f"{verl:.0f} s" if isinstance(verl, int | float) else "–"
+    why = ""
+    if plan.get("runs") != "jigsaw" and isinstance(own, int | float) and \
+            isinstance(verl, int | float) and own < verl:
+        from jigsawrl.scheduler.jigsaw.fallback import MARGIN
+
+        why = f"; its own plan runs only if predicted {MARGIN:.0%} sooner"
     return (f"plan: {plan.get('runs')} (predicted makespan {when}: jigsaw's own plan {own_s}, "
-            f"best verl placement {plan.get('verl')} {verl_s})")
+            f"best verl placement {plan.get('verl')} {verl_s}{why})")
 
 
 @user_errors
