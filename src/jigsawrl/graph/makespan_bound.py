@@ -140,6 +140,13 @@ def _step_rollout(planes: DecodePlanes, facts: StepFacts, ranks: int, tp: int,
     return rollout_time_lb(gen, mass, t.alpha, ranks, facts.rollout_floor_s)
 
 
+def _tps(pipe, num_devices: int, tps_of: TPsOf | None) -> Sequence[int]:  # noqa: ANN001
+    """The rollout TPs ``pipe`` may run at: ``tps_of``'s, else :func:`~.bound.rollout_tps`."""
+    if tps_of is not None:
+        return tps_of(pipe)
+    return rollout_tps(pipe.spec.rollout_tp, pipe.model.num_heads, num_devices)
+
+
 def never_co_resident(cost: CostModelProtocol, pipes: Sequence,  # noqa: ANN001
                       num_devices: int, tps_of: TPsOf | None = None) -> bool:
     """True when no rollout can share a device with a model pass it could overlap in time
@@ -148,10 +155,8 @@ def never_co_resident(cost: CostModelProtocol, pipes: Sequence,  # noqa: ANN001
     TP the pipeline may run at (``tps_of``; :func:`~.bound.rollout_tps` by default)."""
     hbm = cost.accel.hbm_bytes
     for a in pipes:
-        tps = tps_of(a) if tps_of else rollout_tps(a.spec.rollout_tp, a.model.num_heads,
-                                                   num_devices)
         roll = min(cost.rollout_weight_bytes(a.model, tp) + cost.kv_bytes(a.model, 1, tp)
-                   for tp in tps)
+                   for tp in _tps(a, num_devices, tps_of))
         for b in pipes:
             if b is a and not staleness(a.spec):
                 continue  # a sync pipeline's own rollout and passes never overlap
@@ -189,8 +194,7 @@ def makespan_bound(pipes: Sequence, steps_requests: Callable[[object, int], list
         steps = facts[spec.name]
         posts = [s.post_s for s in steps]
         dep, least = math.inf, _PoolWork(math.inf, math.inf)
-        for tp in tps_of(p) if tps_of else rollout_tps(spec.rollout_tp, p.model.num_heads,
-                                                         num_devices):
+        for tp in _tps(p, num_devices, tps_of):
             key = (p.model.name, tp)
             if key not in planes:
                 planes[key] = decode_planes(cost, p.model, tp)

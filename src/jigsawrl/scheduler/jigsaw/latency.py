@@ -56,8 +56,12 @@ class LatencyBounds:
             return None
         n = len(view.devices)
         factors = TP_FACTORS if view.can_regroup else (1.0,)
-        views = [retp_view(view, scaled_tps(view, f)) for f in factors]
-        timers = [(v, JobTimer(v, DEFAULT_GPU_MEMORY_UTILIZATION)) for v in views]
+        tps_seen: list[dict[str, int]] = []  # a factor capped to an earlier one's TPs: once
+        for f in factors:
+            if (tps := scaled_tps(view, f)) not in tps_seen:
+                tps_seen.append(tps)
+        timers = [(v, JobTimer(v, DEFAULT_GPU_MEMORY_UTILIZATION))
+                  for v in (retp_view(view, tps) for tps in tps_seen)]
         bound, solo = {}, {}
         for i, pv in enumerate(view.pipelines):
             ratio = pv.spec.max_latency_ratio
