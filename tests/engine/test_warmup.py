@@ -16,11 +16,11 @@ from jigsawrl.engine.warmup import peak_batch, peak_shape, warm_train_peak  # no
 torch.set_num_threads(1)
 
 
-def _pipe(tmp: Path) -> RealPipeline:
+def _pipe(tmp: Path, kl_coef: float = 0.0) -> RealPipeline:
     spec = PipelineSpec.model_validate({
         "name": "w", "model": "qwen2-1m", "task": "arithmetic", "batch_size": 3,
         "group_size": 2, "steps": 4, "max_response_tokens": 12,
-        "train": {"warmup_steps": 2, "threads": 1, "eval_size": 0}})
+        "train": {"warmup_steps": 2, "threads": 1, "eval_size": 0, "kl_coef": kl_coef}})
     pipe = RealPipeline(spec, seed=0, cache_dir=tmp / "cache")
     pipe.start(train=False)
     return pipe
@@ -44,8 +44,11 @@ def test_peak_batch_has_the_steps_groups() -> None:
     assert float(batch.loss_mask.sum()) == 8 * 3
 
 
-def test_warm_pass_leaves_the_pipeline_untouched(tmp_path: Path) -> None:
-    pipe = _pipe(tmp_path)
+@pytest.mark.parametrize("kl_coef", [0.0, 0.1])
+def test_warm_pass_leaves_the_pipeline_untouched(tmp_path: Path, kl_coef: float) -> None:
+    """Also with a KL term (a rollout-only copy has no reference: the scratch pass runs
+    without one; it raised in every Ray worker's start-up before)."""
+    pipe = _pipe(tmp_path, kl_coef)
     before = {k: v.clone() for k, v in pipe.engine.model.state_dict().items()}
     assert warm_train_peak(pipe) > 0
     after = pipe.engine.model.state_dict()

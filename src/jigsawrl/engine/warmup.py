@@ -60,7 +60,10 @@ def warm_train_peak(pipe: Any) -> float:
     rows, prompt, response = peak_shape(pipe)
     model = copy.deepcopy(pipe.engine.model)
     device = next(model.parameters()).device
-    config = dataclasses.replace(grpo_config(pipe.spec.train), lr=0.0, ppo_epochs=1)
+    # no KL term: the scratch trainer has no reference (a pipeline with kl_coef > 0 failed
+    # every Ray worker's start-up here until 2026-12-07); the peak is the update's either way
+    config = dataclasses.replace(grpo_config(pipe.spec.train), lr=0.0, ppo_epochs=1,
+                                 kl_coef=0.0)
     trainer = GRPOTrainer(model, config)
     pad = pipe.tokenizer.pad_token_id
     a, b = [t for t in range(3) if t != pad][:2]  # any two ids but the pad
