@@ -23,7 +23,13 @@ pytest.importorskip("torch")
 
 from jigsawrl.config import load_config  # noqa: E402
 from jigsawrl.errors import ConfigError  # noqa: E402
-from jigsawrl.events import PipelineFailed, SampleFinished, Span, StepFinished  # noqa: E402
+from jigsawrl.events import (  # noqa: E402
+    STREAMED_RANK,
+    PipelineFailed,
+    SampleFinished,
+    Span,
+    StepFinished,
+)
 from jigsawrl.executors.raycluster import RayExecutor, rollout_band  # noqa: E402
 from jigsawrl.experiments.real import run_real  # noqa: E402
 from jigsawrl.experiments.resolve import resolve_real  # noqa: E402
@@ -433,3 +439,50 @@ def test_resolve_real_rejects_gpu_presets_and_tp() -> None:
     assert exp.num_devices == 2
     assert exp.pipelines[0].model.num_layers == 4
     assert exp.accelerator.name == "cpu-worker"
+
+
+class TailVerl(VerlPolicy):
+    """verl-split with in-tail log-probs asked for on every rollout, recording whether a
+    rank drained while another still ran (what gives the tail something to do)."""
+
+    wants_rank_progress = True
+
+    def __init__(self) -> None:
+        super().__init__("split")
+        self.drained_early = False
+
+    def decide(self, view: View) -> Decision:
+        for pv in view.pipelines:
+            for t in pv.running:
+                counts = t.unfinished_per_rank
+                if t.stage == Stage.ROLLOUT and 0 in counts and max(counts) > 0:
+                    self.drained_early = True
+        return Decision(tuple(dataclasses.replace(a, tail_logprobs=True)
+                              if isinstance(a, StartRollout) else a
+                              for a in super().decide(view).actions))
+
+
+def test_in_tail_logprobs_run_on_drained_ranks(shared_ray: Any, cache: Path) -> None:
+    """A sync rollout of 3 groups on 2 ranks (2 groups and 1): the rank that drains first
+    computes the finished groups' old and reference log-probs on its device while the other
+    still decodes, and the post-rollout passes take those rows (issue 14 item 2)."""
+    cfg = tiny(pipelines=(0,), batch=3, steps=1, extra=(
+        "pipelines.0.train.ppo_epochs=2", "pipelines.0.train.kl_coef=0.1",
+        "pipelines.0.use_ref=true", "pipelines.0.max_response_tokens=48"))
+    policy = TailVerl()
+
+    def one_holder(ex: Any) -> None:
+        ex.data_parallel = False  # the passes on the holder: they take whatever the tail did
+
+    summary, events = run_with_policy(cfg, policy, cache, hook=one_holder)
+    check_run(summary, events, {"arithmetic": 1}, batch=3)
+    assert policy.drained_early, "no rank drained while another decoded"
+    spans = [s for s in events if isinstance(s, Span)]
+    tail = [s for s in spans if s.rank == STREAMED_RANK]
+    assert {s.stage for s in tail} == {Stage.OLD_LOGPROB, Stage.REF_LOGPROB}
+    rollout_end = max(s.end_s for s in spans if s.stage in DECODE_BANDS)
+    assert min(s.start_s for s in tail) < rollout_end  # in the tail, not after it
+    metrics = summary["pipeline_metrics"]["arithmetic"][0]
+    assert metrics[f"perf/in_tail_rows/{Stage.OLD_LOGPROB}"] >= 2
+    assert metrics[f"perf/in_tail_rows/{Stage.REF_LOGPROB}"] >= 2
+    assert metrics["actor/entropy"] > 0 and metrics["actor/kl_loss"] >= 0

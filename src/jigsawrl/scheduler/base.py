@@ -74,7 +74,8 @@ class StartRollout:
     the simulator only (``jigsawrl.sim.stream``, ``jigsawrl.sim.batching``); the Ray executor
     runs such a rollout as a plain one and says so in its log. ``tail_logprobs`` (jigsaw's
     in-tail log-probs): the old/ref log-probs of finished groups run on the rollout's devices
-    that drained and nothing else uses, while its tail still runs (simulator only, likewise).
+    that drained and nothing else uses, while its tail still runs (the simulator's
+    ``sim/stream.py`` tail mode; on Ray, ``executors/raycluster/tail.py``).
     """
 
     pipeline: str

@@ -160,7 +160,7 @@ class RayExecutor:
                            strict_rewards=strict_rewards)
         self.residency = Residency(self.state)
         self.rollouts = Rollouts(self.state)
-        self.training = Training(self.state, self.residency)
+        self.training = Training(self.state, self.residency, self.rollouts.tail)
         self.recovery = Recovery(self.state, self.fleet, self.rollouts, self.residency,
                                  self.launch)
 
@@ -383,5 +383,7 @@ class RayExecutor:
             self.rollouts.chunk_done(call, result)
         elif call.kind == CallKind.MOVE:
             self.residency.move_done(call, result)
+        elif call.kind == CallKind.TAIL:
+            self.rollouts.tail.done(call, result)
         else:
             self.training.stage_done(call, result)

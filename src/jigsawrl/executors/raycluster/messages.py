@@ -183,6 +183,36 @@ class MoveResult(Timed):
 
 
 @dataclass(frozen=True, slots=True)
+class TailRequest:
+    """In-tail log-probs (``tail_pass``): the old (``old``) and reference (``ref``) log-probs of
+    finished GRPO groups of a sync rollout, on a drained rank's device while the tail still runs.
+
+    ``rows``: the requests' batch rows; ``sequences``: each row's ``(prompt ids, response ids,
+    response mask)``; ``version``: the weights version the rollout ran with (the worker's
+    newest must be it)."""
+
+    pipeline: str
+    step: int
+    version: int
+    threads: int
+    rows: tuple[int, ...]
+    sequences: tuple[tuple[list[int], list[int], list[int]], ...]
+    old: bool
+    ref: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TailResult(Timed):
+    """The rows' log-probs (host tensors, each cut at its row's end; None: not asked) and when
+    the old pass ended (``t_mid``: the reference pass ran after it)."""
+
+    rows: tuple[int, ...]
+    old: tuple[Any, ...] | None = None
+    ref: tuple[Any, ...] | None = None
+    t_mid: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class PublishRequest:
     """Weight sync of the completed ``step`` (a count of steps done, offsets included); writes a
     checkpoint to ``ckpt_root`` when ``checkpoint``."""

@@ -102,6 +102,7 @@ class CallKind(StrEnum):
     CHUNK = "chunk"  # a rollout rank's time slice
     STAGE = "stage"  # a task's call: its task is done when it returns
     MOVE = "move"  # a train-state move the executor made on its own (no task of the driver)
+    TAIL = "tail"  # in-tail log-probs on a drained rank's device (no task of the driver)
 
 
 @dataclass(eq=False)

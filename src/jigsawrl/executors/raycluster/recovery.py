@@ -57,6 +57,14 @@ class Recovery:
     def failed(self, call: Call, exc: BaseException) -> None:
         """``call`` raised ``exc`` (a remote error, or its worker died)."""
         died = call.worker is not None and not self.fleet.alive(call.worker)
+        if call.kind == CallKind.TAIL:  # in-tail log-probs: the pass after computes its rows
+            log.warning("%s/%d: in-tail log-probs on device %s failed (%s: %s)", call.pipeline,
+                        call.step, call.worker, type(exc).__name__, first_line(exc))
+            self.rollouts.tail.lost(call)
+            if died:
+                assert call.worker is not None
+                self.device_died(call.worker, None)
+            return
         if died:
             assert call.worker is not None
             self.device_died(call.worker, call)

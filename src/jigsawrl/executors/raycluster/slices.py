@@ -1,5 +1,6 @@
 """Real rollouts as time slices on device workers: submission, results, migration, spreads onto
-new ranks, interruption, and the redispatch of a dead worker's requests.
+new ranks, interruption, and the redispatch of a dead worker's requests; a sync rollout's
+in-tail log-probs are sent from here (:mod:`.tail`).
 
 What: a rollout runs as ``len(devices) // tp`` ranks; each rank advances in time slices
 (``chunk_s``) on its device's worker, and after every slice :class:`Rollouts` emits the
@@ -24,6 +25,7 @@ from jigsawrl.events import SampleFinished
 from jigsawrl.executors.raycluster.messages import SliceRequest, SliceResult
 from jigsawrl.executors.raycluster.records import Call, CallKind, RunState
 from jigsawrl.executors.raycluster.rollouts import RankRT, RolloutRT, dispatch, request_row
+from jigsawrl.executors.raycluster.tail import TailPasses
 from jigsawrl.scheduler.base import Interrupt, Migrate, SetShare, Spread, StartRollout
 from jigsawrl.stages import Stage, decode_band
 
@@ -48,16 +50,16 @@ class Rollouts:
         self.recovered = {"resumed": 0, "regenerated": 0, "tokens_kept": 0}
         # export ref -> (the source rank, the requests it carries)
         self.exports: dict[Any, tuple[int, tuple[int, ...]]] = {}
+        self.tail = TailPasses(state, self.active)  # in-tail log-probs (tail.py)
 
     # ------------------------------------------------------------------ actions
     def launch(self, a: StartRollout, tid: str) -> None:
         spec = self.state.pipes[a.pipeline].spec
         n = spec.batch_size * spec.group_size
         now = self.state.now_s
-        if a.first_b or a.stream_devices or a.tail_logprobs:
-            log.warning("%s: streaming into training, in-tail log-probs and first-B batches are "
-                        "modelled by the simulator only; the Ray executor runs this rollout as a "
-                        "plain one", tid)
+        if a.first_b or a.stream_devices:
+            log.warning("%s: streaming into training and first-B batches are modelled by the "
+                        "simulator only; the Ray executor runs this rollout as a plain one", tid)
         ranks = [RankRT(r, a.devices[r * a.tp:(r + 1) * a.tp], a.share, checkpoint_at=now)
                  for r in range(len(a.devices) // a.tp)]
         ro = RolloutRT(tid, a.pipeline, a.step, n, ranks)
@@ -69,6 +71,8 @@ class Rollouts:
             ranks[r].unfinished = len(idx)
             self.state.notes.append(RankProgress(tid, r, len(idx), Stage.PREFILL, now, 0))
         self.active[tid] = ro
+        if a.tail_logprobs:
+            self.tail.open(ro)
         for rank in ranks:
             self.submit_chunk(ro, rank)
 
@@ -219,6 +223,7 @@ class Rollouts:
         for item, version in res.checkpoint:
             ro.keep_checkpoint(request_row(item.state.request_id, g), item, version)
         self._after_chunk(ro, rank, res)
+        self.tail.pump(ro)
 
     def _after_chunk(self, ro: RolloutRT, rank: RankRT, res: SliceResult) -> None:
         """The rank's next step: done, a timer until its first tool result, or its next slice."""
@@ -254,6 +259,7 @@ class Rollouts:
         """Forget the rollouts of a failed pipeline."""
         for tid in [t for t, ro in self.active.items() if ro.pipeline == pipeline]:
             del self.active[tid]
+        self.tail.forget(pipeline)
 
     def running(self, pipeline: str) -> list[RolloutRT]:
         return [ro for ro in self.active.values() if ro.pipeline == pipeline]

@@ -3,13 +3,16 @@
 What: ``reward`` runs on the pipeline's reward worker; ``old_logprob`` / ``ref_logprob`` /
 ``actor_update`` run on the device holding the pipeline's train state (moved there first when
 the scheduler chose other devices: :class:`~jigsawrl.executors.raycluster.residency.Residency`),
-data-parallel over the stage's other devices where the stage allows it; ``weight_sync``
+data-parallel over the stage's other devices where the stage allows it (or, for a log-prob pass
+whose rows were mostly computed in the rollout's tail, :mod:`.tail`, over the rows left on the
+holder alone); ``weight_sync``
 publishes the actor's weights as a new version (and writes a checkpoint when due) — engines
 load a newer version at the start of their next slice.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from jigsawrl.driver.protocol import TaskDone
@@ -26,6 +29,7 @@ from jigsawrl.executors.raycluster.messages import (
 from jigsawrl.executors.raycluster.records import Call, CallKind, Pipe, Replay, RunState
 from jigsawrl.executors.raycluster.residency import Residency
 from jigsawrl.executors.raycluster.rollouts import shard_bounds
+from jigsawrl.executors.raycluster.tail import TailPasses
 from jigsawrl.scheduler.base import StartStage
 from jigsawrl.stages import MODEL_PASSES, Stage
 from jigsawrl.tasks.base import reward_error_metrics
@@ -34,9 +38,11 @@ from jigsawrl.tasks.base import reward_error_metrics
 class Training:
     """Reward, model passes and weight sync of every pipeline (see the module docstring)."""
 
-    def __init__(self, state: RunState, residency: Residency) -> None:
+    def __init__(self, state: RunState, residency: Residency,
+                 tail: TailPasses | None = None) -> None:
         self.state = state
         self.residency = residency
+        self.tail = tail  # in-tail log-probs of sync rollouts (tail.py)
         self.clocks = Clocks()  # where each model pass's wall time went (callclock.py)
 
     # ------------------------------------------------------------------ launches
@@ -53,6 +59,13 @@ class Training:
         actor = self.state.devs[target].actor
         trajs, rewards = pipe.trajs[a.step], pipe.rewards[a.step]
         others = self.helper_devices(pipe, a.stage, a.devices, target)
+        tail = self.tail.take(pipe.name, a.step, a.stage) if self.tail is not None else None
+        if tail is not None and others:
+            rows = pipe.spec.batch_size * pipe.spec.group_size
+            if rows - tail.rows() > math.ceil(rows / (1 + len(others))):
+                tail = None  # more rows left than the holder's share: data-parallel is sooner
+            else:
+                others = ()
         threads = self.state.settings.threads_for(a.share, 1 if others else max(1, len(a.devices)))
         req = StageRequest(pipe.name, a.stage, a.step, threads)
         helpers = None
@@ -65,7 +78,8 @@ class Training:
                 ShardRequest(pipe.name, a.stage, lo, hi, threads), payload)
                 for d, (lo, hi) in zip(others, bounds[1:], strict=True)],
                 [self.state.devs[d].actor for d in others]]  # for the later PPO epochs
-        ref = actor.train_stage.remote(req, host, trajs, rewards, helpers)
+        ref = actor.train_stage.remote(req, host, trajs, rewards, helpers,
+                                       [r for r, _ in tail.calls] if tail is not None else None)
         entry = Replay(a.step, a.stage, trajs, rewards)
         pipe.replay.append(entry)
         self.state.track(ref, Call(CallKind.STAGE, pipe.name, a.step, a.stage, (target,),
@@ -123,7 +137,7 @@ class Training:
                                                  start=1):
                 for piece in helper if isinstance(helper, tuple) else (helper,):
                     self.state.span(replace(call, devices=(dev,)), call.stage, piece, rank)
-            if call.stage == Stage.ACTOR_UPDATE:
+            if call.stage == Stage.ACTOR_UPDATE or res.metrics:  # (a log-prob pass: tail rows)
                 pipe.metrics.setdefault(absolute, {}).update(res.metrics)
         elif isinstance(res, RewardResult):
             scores = res.rewards
@@ -134,6 +148,8 @@ class Training:
             pipe.weights_ref, pipe.version = call.weights, pipe.offset + call.step + 1
             pipe.trajs.pop(call.step, None)
             pipe.rewards.pop(call.step, None)
+            if self.tail is not None:
+                self.tail.forget(pipe.name, call.step)
         elif isinstance(res, MoveResult):  # the scheduler's offload / onload
             self.residency.record(call, res)
         assert call.tid is not None

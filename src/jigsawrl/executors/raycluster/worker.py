@@ -14,7 +14,9 @@ request and returns a result of :mod:`.messages`:
   data-parallel helpers; ``offload`` / ``onload`` / ``publish``: move the train state to or from
   host memory (the Ray object store) and broadcast the actor's weights (weight sync; ``publish``
   also writes the pipeline's checkpoint when one is due) — the train side, :mod:`.worker_train`
-  and :mod:`.worker_shards`.
+  and :mod:`.worker_shards`;
+- ``tail_pass``: in-tail log-probs of a sync rollout's finished groups on a drained rank's
+  device (:mod:`.worker_tail`).
 
 Why one process per device that time-slices between pipelines: on a GPU, co-located pipelines
 are separate processes sharing the device's SMs (MPS / green contexts); on this CPU a logical
@@ -48,6 +50,8 @@ from jigsawrl.executors.raycluster.messages import (
     SliceResult,
     StageRequest,
     StageResult,
+    TailRequest,
+    TailResult,
     Timed,
     TrainInit,
     TrainState,
@@ -57,6 +61,7 @@ from jigsawrl.executors.raycluster.wire import use_numpy_wire
 from jigsawrl.executors.raycluster.worker_pipes import LocalPipelines, spec_from_json, wall_now
 from jigsawrl.executors.raycluster.worker_rollout import RolloutHost
 from jigsawrl.executors.raycluster.worker_shards import ShardModels
+from jigsawrl.executors.raycluster.worker_tail import TailHost
 from jigsawrl.executors.raycluster.worker_train import TrainHost
 
 
@@ -104,6 +109,7 @@ class DeviceWorker:
         self.rollout = RolloutHost(self.local)
         self.train = TrainHost(self.local)
         self.shards = ShardModels(self.local)
+        self.tail = TailHost(self.local, self.rollout.weights, self.shards)
 
     # ------------------------------------------------------------------ lifecycle
     def ready(self) -> WorkerInfo:
@@ -158,6 +164,11 @@ class DeviceWorker:
         return them with their weights versions."""
         return self.rollout.export(name, step, rank, indices)
 
+    def tail_pass(self, req: TailRequest, ref_state: TrainState | None) -> TailResult:
+        """In-tail log-probs of finished groups on this drained rank's device
+        (:meth:`.worker_tail.TailHost.run`)."""
+        return self.tail.run(req, ref_state)
+
     # ------------------------------------------------------------------ train state
     def onload(self, name: str, state: TrainState) -> MoveResult:
         return self.train.onload(name, state)
@@ -174,9 +185,10 @@ class DeviceWorker:
                                   synced)
 
     def train_stage(self, req: StageRequest, state: TrainState | None, trajectories: Any,
-                    rewards: RewardResult, helpers: list[list[Any]] | None = None) -> StageResult:
+                    rewards: RewardResult, helpers: list[list[Any]] | None = None,
+                    tail: list[Any] | None = None) -> StageResult:
         """A model pass (:meth:`.worker_train.TrainHost.run_stage`)."""
-        return self.train.run_stage(req, state, trajectories, rewards, helpers)
+        return self.train.run_stage(req, state, trajectories, rewards, helpers, tail)
 
     def dp_export(self, req: StageRequest, state: TrainState | None, trajectories: Any,
                   rewards: RewardResult) -> tuple[Timed, ShardPayload]:

@@ -33,6 +33,7 @@ from jigsawrl.executors.raycluster.messages import (
 )
 from jigsawrl.executors.raycluster.worker_pipes import LocalPipelines, wall_now, worker_device
 from jigsawrl.executors.raycluster.worker_shards import combine_shards, payload_of
+from jigsawrl.executors.raycluster.worker_tail import fill_from_tail
 from jigsawrl.stages import Stage
 
 log = logging.getLogger(__name__)
@@ -114,7 +115,8 @@ class TrainHost:
         return data
 
     def run_stage(self, req: StageRequest, state: TrainState | None, trajectories: Any,
-                  rewards: Any, helpers: list[list[Any]] | None = None) -> StageResult:
+                  rewards: Any, helpers: list[list[Any]] | None = None,
+                  tail: list[Any] | None = None) -> StageResult:
         """Run a model pass of ``req.step``.
 
         ``state`` (train state from the host) is onloaded first when given; ``trajectories``
@@ -123,7 +125,9 @@ class TrainHost:
         other devices, rows ``req.bounds[1:]``, and those devices' workers), this device
         computes rows ``req.bounds[0]`` and combines: log-probs are gathered, gradients summed
         into one optimizer step per PPO epoch (data parallelism; a later epoch calls the
-        workers again with the new weights).
+        workers again with the new weights). With ``tail`` (``ObjectRef`` s of in-tail
+        log-prob calls, :mod:`.worker_tail`), a log-prob pass takes their rows and computes
+        only the rows left.
         """
         import torch
 
@@ -146,6 +150,9 @@ class TrainHost:
             if helpers and req.bounds:
                 actors = list(helpers[1]) if len(helpers) > 1 else []
                 result, timings = combine_shards(pipe, req, data, helpers[0], actors)
+            elif tail and req.stage in (Stage.OLD_LOGPROB, Stage.REF_LOGPROB):
+                kept = fill_from_tail(pipe, data, req.stage, tail)
+                result = {f"perf/in_tail_rows/{req.stage}": float(kept)}
             else:
                 method = {Stage.OLD_LOGPROB: pipe.old_logprob, Stage.REF_LOGPROB: pipe.ref_logprob,
                           Stage.ACTOR_UPDATE: pipe.update}[Stage(req.stage)]
@@ -153,7 +160,7 @@ class TrainHost:
             clock.pass_s = time.perf_counter() - t_pass
             if req.stage == Stage.ACTOR_UPDATE:  # the step's last pass: its batch is done
                 self.data.get(name, {}).pop(req.step, None)
-        metrics = dict(result) if req.stage == Stage.ACTOR_UPDATE else {}
+        metrics = dict(result) if isinstance(result, dict) else {}
         clock.stop()
         return StageResult(t_start=t_start, t_end=wall_now(), tokens=tokens, threads=req.threads,
                            metrics=metrics, helpers=timings, clock=clock.as_tuple())

@@ -46,8 +46,8 @@ How it decides (every decision point; DESIGN.md §2):
    get their old/reference log-probs on its drained devices that nothing else uses, while the
    tail still runs (``sim/stream.py``'s tail mode; ``engine/tail_logprobs.py`` computes them
    exactly on the engine); the post-rollout passes then cover only the rest. Jigsaw's own plan
-   only (not a verl placement it falls back to); the simulator only (the Ray executor runs the
-   rollout plain). Measured worth it where ranks drain and idle (at the configured TPs), not
+   only (not a verl placement it falls back to); the Ray executor runs them too
+   (``executors/raycluster/tail.py``: calls on the drained ranks' idle workers). Measured worth it where ranks drain and idle (at the configured TPs), not
    where the TP search or migration already fills those devices (docs/BENCHMARKS.md).
    **Spreads** (``spread``, :mod:`.spread`): a running rollout grows new ranks on whole TP
    groups that nothing else wants (every ready stage started) when the belief cost model says

@@ -47,7 +47,7 @@ class JigsawParams:
             groups of any width; off: the config's TPs).
         tail_logprobs: a sync pipeline's finished groups get their old (and reference)
             log-probs on the rollout's drained devices while its tail still runs (the
-            simulator's ``sim/stream.py`` tail mode; the Ray executor runs the rollout plain);
+            simulator's ``sim/stream.py`` tail mode; on Ray ``executors/raycluster/tail.py``);
             the post-rollout passes then cover only the rest. Off by default: an option, as
             issue 11 item 4 asks.
         spread: a running rollout grows onto whole TP groups nobody else wants when the belief
