@@ -56,7 +56,9 @@ def test_regroup_is_refused_where_it_cannot_run(fake_cost) -> None:  # noqa: ANN
             fake_cost, devices=3)
 
 
-def test_the_ray_executor_says_it_cannot_regroup() -> None:
+def test_the_ray_executor_cannot_regroup_by_default() -> None:
+    """Only one built with ``regroup=True`` says it can (tests/executors/test_ray_executor.py
+    runs one)."""
     from jigsawrl.executors.raycluster.executor import RayExecutor
 
     assert RayExecutor.can_regroup is False

@@ -37,6 +37,7 @@ from jigsawrl.scheduler.base import (  # noqa: E402
     NOT_REPORTED,
     Decision,
     Migrate,
+    Regroup,
     Spread,
     StartRollout,
     View,
@@ -486,3 +487,56 @@ def test_in_tail_logprobs_run_on_drained_ranks(shared_ray: Any, cache: Path) -> 
     assert metrics[f"perf/in_tail_rows/{Stage.OLD_LOGPROB}"] >= 2
     assert metrics[f"perf/in_tail_rows/{Stage.REF_LOGPROB}"] >= 2
     assert metrics["actor/entropy"] > 0 and metrics["actor/kl_loss"] >= 0
+
+
+class RegroupingVerl(VerlPolicy):
+    """verl-split plus one regroup: once both ranks of the rollout hold unfinished requests,
+    rank 1's move to rank 0, which goes on with both devices."""
+
+    wants_rank_progress = True
+
+    def __init__(self) -> None:
+        super().__init__("split")
+        self.done = False
+
+    def decide(self, view: View) -> Decision:
+        actions = list(super().decide(view).actions)
+        for pv in view.pipelines:
+            for t in pv.running:
+                counts = t.unfinished_per_rank
+                if not self.done and t.stage == Stage.ROLLOUT and len(counts) == 2 and \
+                        min(counts) > 0 and NOT_REPORTED not in counts:
+                    self.done = True
+                    actions.append(Regroup(t.task_id, (1,), 0))
+        return Decision(tuple(actions))
+
+
+def test_a_regroup_runs_the_tail_on_one_engine_with_both_devices(shared_ray: Any,
+                                                                   cache: Path) -> None:
+    """Regroup on real workers (issue 14 item 2; executor built with ``regroup``): rank 1's
+    unfinished requests resume on rank 0, whose later slices run on both devices' threads;
+    every sample finishes exactly once and none is regenerated."""
+    policy = RegroupingVerl()
+
+    def regroup(ex: Any) -> None:
+        ex.can_regroup = True  # what RayExecutor(regroup=True) sets
+
+    summary, events = run_with_policy(one_pipeline_dp2(), policy, cache, hook=regroup)
+    assert policy.done, "the rollout never had two busy ranks"
+    check_run(summary, events, {"arithmetic": 1}, batch=4)
+    assert summary["recovered"]["regenerated"] == 0
+    decodes = [s for s in events if isinstance(s, Span) and s.stage in DECODE_BANDS]
+    wide = [s for s in decodes if s.devices == (0, 1)]
+    assert wide and all(s.rank == 0 for s in wide)
+    last_narrow = max(s.end_s for s in decodes if s.rank == 1)
+    assert min(s.start_s for s in wide) >= last_narrow - 1e-6  # rank 1 stopped, then widened
+
+
+def test_an_executor_without_regroup_refuses_it() -> None:
+    from jigsawrl.executors.raycluster.executor import RayExecutor
+
+    ex = RayExecutor(resolve_real(tiny()))
+    assert not ex.can_regroup
+    with pytest.raises(NotImplementedError, match="regroup=True"):
+        ex.regroup(Regroup("arithmetic/0/rollout", (1,), 0))
+    assert RayExecutor(resolve_real(tiny()), regroup=True).can_regroup

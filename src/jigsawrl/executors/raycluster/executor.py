@@ -126,6 +126,12 @@ class RayExecutor:
             the rank's unfinished requests (0: every slice).
         data_parallel: split log-prob and update stages over their devices' workers (False:
             one worker with all the devices' threads).
+        regroup: run ``Regroup`` actions and tell policies so (``can_regroup``): a rank's
+            engine goes on with the threads of every regrouped rank's device. Off by default:
+            the views' ``can_regroup`` also lets jigsaw search rollout TPs, and a CPU profile
+            times one thread per device, so its choices of wider groups would rest on costs
+            nobody measured (and the simulator's model of these one-call-at-a-time workers
+            cannot regroup; docs/RAY.md).
     """
 
     threads_per_device = _Setting()
@@ -142,7 +148,8 @@ class RayExecutor:
                  strict_rewards: bool = False, num_cpus: int | None = None,
                  ckpt_dir: Path | None = None, offsets: Mapping[str, int] | None = None,
                  device_mem_bytes: float | None = None, chunk_s: float = CHUNK_S,
-                 checkpoint_s: float = CHECKPOINT_S, data_parallel: bool = True) -> None:
+                 checkpoint_s: float = CHECKPOINT_S, data_parallel: bool = True,
+                 regroup: bool = False) -> None:
         if threads_per_device < 1:
             raise ValueError(f"threads_per_device must be >= 1, got {threads_per_device}")
         if chunk_s <= 0:
@@ -153,6 +160,7 @@ class RayExecutor:
         self.settings = Settings(threads_per_device, chunk_s, checkpoint_s, data_parallel,
                                  float(device_mem_bytes or exp.accelerator.hbm_bytes), ckpt_dir,
                                  dict(offsets or {}))
+        self.can_regroup = regroup
         self.startup_s = 0.0
         self.state = RunState(self.settings)
         self.fleet = Fleet(exp, self.state, address=address, num_cpus=num_cpus,
@@ -322,12 +330,15 @@ class RayExecutor:
         """Abort the source ranks' unfinished requests and resume them on ``dst_rank``."""
         self.rollouts.migrate(action)
 
-    # A worker's engine is built for one TP degree and a CPU worker is one device: re-formed TP
-    # groups (Regroup) are not run here, so views tell policies not to ask (issue 14, item 2).
-    can_regroup = False
+    can_regroup = False  # by default (an instance built with regroup=True says True)
 
     def regroup(self, action: Regroup) -> None:
-        raise NotImplementedError(f"{action.task_id}: the Ray executor cannot regroup ranks")
+        """One engine for a rollout's tail on several ranks' devices (their threads): only
+        when built with ``regroup=True`` (see the class docstring)."""
+        if not self.can_regroup:
+            raise NotImplementedError(f"{action.task_id}: this Ray executor was built without "
+                                      "regroup (RayExecutor(regroup=True))")
+        self.rollouts.regroup(action)
 
     # A rollout grows new ranks on idle workers (Spread): its requests not started yet move as
     # they are, started ones are exported from their rank and resumed on the new one.

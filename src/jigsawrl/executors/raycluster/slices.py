@@ -1,6 +1,6 @@
-"""Real rollouts as time slices on device workers: submission, results, migration, spreads onto
-new ranks, interruption, and the redispatch of a dead worker's requests; a sync rollout's
-in-tail log-probs are sent from here (:mod:`.tail`).
+"""Real rollouts as time slices on device workers: submission, results, interruption, and the
+redispatch of a dead worker's requests; requests moved between ranks (migration, a regrouped
+tail, spreads) are :mod:`.moves`', a sync rollout's in-tail log-probs :mod:`.tail`'s.
 
 What: a rollout runs as ``len(devices) // tp`` ranks; each rank advances in time slices
 (``chunk_s``) on its device's worker, and after every slice :class:`Rollouts` emits the
@@ -15,7 +15,6 @@ finishes, so that a dead worker's requests resume elsewhere (:meth:`Rollouts.red
 from __future__ import annotations
 
 import logging
-import math
 from typing import Any
 
 import ray
@@ -23,10 +22,11 @@ import ray
 from jigsawrl.driver.protocol import RankProgress, TaskDone
 from jigsawrl.events import SampleFinished
 from jigsawrl.executors.raycluster.messages import SliceRequest, SliceResult
+from jigsawrl.executors.raycluster.moves import RequestMoves
 from jigsawrl.executors.raycluster.records import Call, CallKind, RunState
 from jigsawrl.executors.raycluster.rollouts import RankRT, RolloutRT, dispatch, request_row
 from jigsawrl.executors.raycluster.tail import TailPasses
-from jigsawrl.scheduler.base import Interrupt, Migrate, SetShare, Spread, StartRollout
+from jigsawrl.scheduler.base import Interrupt, SetShare, StartRollout
 from jigsawrl.stages import Stage, decode_band
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ def rollout_band(decoding: int) -> str:
     return decode_band(decoding) if decoding > 0 else Stage.TOOL_WAIT
 
 
-class Rollouts:
+class Rollouts(RequestMoves):
     """The running rollouts of a real run (see the module docstring)."""
 
     def __init__(self, state: RunState) -> None:
@@ -106,84 +106,6 @@ class Rollouts:
             return  # a single call: it keeps its threads until it returns
         for rank in ro.ranks if action.rank is None else [ro.ranks[action.rank]]:
             rank.share = action.share
-
-    def migrate(self, action: Migrate) -> None:
-        """Abort the source ranks' unfinished requests after their current slice and resume
-        them on ``dst_rank`` (its next slice re-prefills prompt + generated tokens)."""
-        ro = self.active[action.task_id]
-        dst = ro.ranks[action.dst_rank]
-        for r in action.src_ranks:
-            src = ro.ranks[r]
-            if src.done:
-                continue
-            exported = tuple(i for i in ro.owned_by(src.index) if i not in src.fresh)
-            moved = ro.move(src.index, dst.index)
-            dst.fresh.extend(src.fresh)  # not started yet: start them on dst
-            src.fresh = []
-            export = self.state.devs[src.device].actor.gen_export.remote(ro.pipeline, ro.step,
-                                                                         src.index)
-            dst.incoming.append(export)
-            self.exports[export] = (src.index, exported)
-            src.migrate_to = dst.index
-            log.debug("%s: migrating %d requests rank %d -> %d", ro.tid, moved, src.index,
-                      dst.index)
-        if dst.done or (dst.inflight is None and dst.timer_at is not None):
-            dst.done = False
-            self.submit_chunk(ro, dst)
-
-    def spread(self, action: Spread) -> None:
-        """New ranks on ``action.devices`` (one per TP group; a CPU worker is one device), and
-        the rollout's unfinished requests re-dealt so that every rank holding some, and each
-        new one, holds about as many. From a rank with more than its share, rows not started
-        yet move as they are, then started ones (the last dealt first: chosen without lengths)
-        are exported after its current slice and resumed on their new rank, which re-prefills
-        them; tool-waiting ones carry their result and remaining wait."""
-        ro = self.active[action.task_id]
-        tp = len(ro.ranks[0].devices)
-        old = [r for r in ro.ranks if ro.owned_by(r.index)]
-        share = old[0].share if old else 1.0
-        now = self.state.now_s
-        new = [RankRT(len(ro.ranks) + i, action.devices[g:g + tp], share, checkpoint_at=now)
-               for i, g in enumerate(range(0, len(action.devices), tp))]
-        ro.ranks.extend(new)
-        owned = {r.index: ro.owned_by(r.index) for r in old}
-        target = math.ceil(sum(map(len, owned.values())) / (len(old) + len(new)))
-        load = {r.index: 0 for r in new}
-        for src in old:
-            excess = len(owned[src.index]) - target
-            if excess > 0:
-                self._deal_out(ro, src, owned[src.index], excess, new, load)
-        log.debug("%s: spread onto %s, %d requests moved", ro.tid, action.devices,
-                  sum(load.values()))
-        for rank in new:
-            if rank.fresh or rank.incoming:
-                self.submit_chunk(ro, rank)
-            else:
-                rank.done = True
-
-    def _deal_out(self, ro: RolloutRT, src: RankRT, rows: list[int], excess: int,
-                  new: list[RankRT], load: dict[int, int]) -> None:
-        """``excess`` of ``src``'s ``rows`` to the least loaded of the ``new`` ranks: not
-        started ones first (from the end of its queue), then started ones (the last dealt
-        first), which one partial export per destination takes off the source's worker."""
-        fresh = set(src.fresh)
-        take = list(reversed(src.fresh))[:excess]
-        take += sorted((i for i in rows if i not in fresh), reverse=True)[:excess - len(take)]
-        exports: dict[int, list[int]] = {}
-        for i in take:
-            dst = min(new, key=lambda r: (load[r.index], r.index))
-            load[dst.index] += 1
-            ro.owner[i] = dst.index
-            if i in fresh:
-                src.fresh.remove(i)
-                dst.fresh.append(i)
-            else:
-                exports.setdefault(dst.index, []).append(i)
-        for d, out in exports.items():
-            ref = self.state.devs[src.device].actor.gen_export.remote(
-                ro.pipeline, ro.step, src.index, tuple(out))
-            ro.ranks[d].incoming.append(ref)
-            self.exports[ref] = (src.index, tuple(out))
 
     def interrupt(self, action: Interrupt) -> None:
         """Every rank reloads the newest weights at its next slice (AReaL's interruption)."""

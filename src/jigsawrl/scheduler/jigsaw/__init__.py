@@ -41,7 +41,8 @@ How it decides (every decision point; DESIGN.md §2):
    and the new engine's wake-up; the width planner's forecast replays it. It also acts on the
    rollouts of a verl placement jigsaw falls back to (a verl slice keeps all its ranks, and no
    one else waits for them). Only where the executor can (``View.can_regroup``: the simulator
-   on GPU-style pools; not the Ray CPU workers).
+   on GPU-style pools; a Ray executor built with ``regroup=True``, off by default on CPU
+   workers, docs/RAY.md).
    **In-tail log-probs** (``tail_logprobs``, off by default): a sync rollout's finished groups
    get their old/reference log-probs on its drained devices that nothing else uses, while the
    tail still runs (``sim/stream.py``'s tail mode; ``engine/tail_logprobs.py`` computes them
