@@ -160,13 +160,15 @@ def test_failing_reward_scores_zero_and_is_counted_by_default(shared_ray: Any,
 
 class MigratingVerl(VerlPolicy):
     """verl-split, plus one long-tail migration: when both ranks of a rollout still have
-    unfinished requests, rank 1's requests move to rank 0."""
+    unfinished requests, rank 1's requests move to rank 0 (``act``: another action on the
+    rollout's task id then, e.g. a regroup)."""
 
     wants_rank_progress = True
 
-    def __init__(self) -> None:
+    def __init__(self, act: Callable[[str], Any] | None = None) -> None:
         super().__init__("split")
         self.done = False
+        self.act = act or (lambda tid: Migrate(tid, (1,), 0))
 
     def decide(self, view: View) -> Decision:
         actions = list(super().decide(view).actions)
@@ -179,7 +181,7 @@ class MigratingVerl(VerlPolicy):
                         or min(t.rank_shares) <= 0):
                     continue
                 self.done = True
-                actions.append(Migrate(t.task_id, (1,), 0))
+                actions.append(self.act(t.task_id))
         return Decision(tuple(actions))
 
 
@@ -489,34 +491,12 @@ def test_in_tail_logprobs_run_on_drained_ranks(shared_ray: Any, cache: Path) -> 
     assert metrics["actor/entropy"] > 0 and metrics["actor/kl_loss"] >= 0
 
 
-class RegroupingVerl(VerlPolicy):
-    """verl-split plus one regroup: once both ranks of the rollout hold unfinished requests,
-    rank 1's move to rank 0, which goes on with both devices."""
-
-    wants_rank_progress = True
-
-    def __init__(self) -> None:
-        super().__init__("split")
-        self.done = False
-
-    def decide(self, view: View) -> Decision:
-        actions = list(super().decide(view).actions)
-        for pv in view.pipelines:
-            for t in pv.running:
-                counts = t.unfinished_per_rank
-                if not self.done and t.stage == Stage.ROLLOUT and len(counts) == 2 and \
-                        min(counts) > 0 and NOT_REPORTED not in counts:
-                    self.done = True
-                    actions.append(Regroup(t.task_id, (1,), 0))
-        return Decision(tuple(actions))
-
-
 def test_a_regroup_runs_the_tail_on_one_engine_with_both_devices(shared_ray: Any,
                                                                    cache: Path) -> None:
     """Regroup on real workers (issue 14 item 2; executor built with ``regroup``): rank 1's
     unfinished requests resume on rank 0, whose later slices run on both devices' threads;
     every sample finishes exactly once and none is regenerated."""
-    policy = RegroupingVerl()
+    policy = MigratingVerl(lambda tid: Regroup(tid, (1,), 0))
 
     def regroup(ex: Any) -> None:
         ex.can_regroup = True  # what RayExecutor(regroup=True) sets
