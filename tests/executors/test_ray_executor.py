@@ -520,3 +520,19 @@ def test_an_executor_without_regroup_refuses_it() -> None:
     with pytest.raises(NotImplementedError, match="regroup=True"):
         ex.regroup(Regroup("arithmetic/0/rollout", (1,), 0))
     assert RayExecutor(resolve_real(tiny()), regroup=True).can_regroup
+
+
+def test_a_pipeline_with_a_kl_term_runs_its_reference_pass_data_parallel(
+        shared_ray: Any, cache: Path) -> None:
+    """A reference model on real workers (every Ray run with ``kl_coef > 0`` failed at worker
+    start-up until 2026-12-07): its log-prob pass runs data-parallel over the split's two
+    devices and the update reads it (a KL loss is reported)."""
+    cfg = tiny(pipelines=(0,), batch=4, steps=1, extra=(
+        "pipelines.0.train.kl_coef=0.1", "pipelines.0.use_ref=true",
+        "pipelines.0.max_response_tokens=16"))
+    summary, events = run_with_policy(cfg, VerlPolicy("split"), cache)
+    check_run(summary, events, {"arithmetic": 1}, batch=4)
+    refs = [s for s in events if isinstance(s, Span) and s.stage == Stage.REF_LOGPROB]
+    assert {s.devices for s in refs} == {(0,), (1,)}
+    metrics = summary["pipeline_metrics"]["arithmetic"][0]
+    assert "actor/kl_loss" in metrics and metrics["actor/kl_loss"] >= 0
