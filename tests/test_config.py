@@ -57,6 +57,7 @@ def test_bad_overrides(item: str, msg: str) -> None:
     (cfg(batch_size=-1), "pipelines.0.batch_size", "greater than or equal to 1"),
     (cfg(batch_size="many"), "pipelines.0.batch_size", "valid integer"),
     (cfg(mode="sync", max_staleness=2), "pipelines.0", "max_staleness must be 0"),
+    (cfg(use_ref=False, train={"kl_coef": 0.1}), "pipelines.0", "set use_ref: true"),
     (cfg(name="a/b"), "pipelines.0.name", "pattern"),
     ({"pipelines": []}, "pipelines", "at least 1"),
 ])

@@ -269,6 +269,12 @@ class PipelineSpec(_Strict):
         if self.task is None and self.data is None:
             raise ValueError("no task: name a task (jigsawrl list tasks) or give data: "
                              "{train_files: [...]}")
+        if self.train.kl_coef > 0 and not self.use_ref:
+            # the schedulers plan no reference pass without use_ref, and the trainer's KL term
+            # needs one: a real run failed at its first update (2026-12-07)
+            raise ValueError(f"train.kl_coef is {self.train.kl_coef:g} but use_ref is false: "
+                             "the KL term needs the reference log-probs; set use_ref: true, or "
+                             "train.kl_coef: 0")
         return self
 
 
