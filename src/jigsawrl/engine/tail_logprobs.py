@@ -24,10 +24,15 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor, nn
 
-from jigsawrl.engine.trainer import TrainBatch, build_batch, compute_logprobs
+from jigsawrl.engine.trainer import GRPOConfig, TrainBatch, build_batch, compute_logprobs
 
 Sequence = tuple[list[int], list[int], list[int]]  # (prompt ids, response ids, response mask)
 Options = tuple[int, bool, str]  # the log-prob pass's (micro_batch_size, share_prompt, autocast)
+
+
+def pass_options(cfg: GRPOConfig) -> Options:
+    """The log-prob pass's options of a trainer config (as ``GRPOTrainer.old_logprobs``)."""
+    return cfg.micro_batch_size, cfg.share_prompt, cfg.autocast
 
 
 def rows_logprobs(model: nn.Module, sequences: list[Sequence], pad_id: int,

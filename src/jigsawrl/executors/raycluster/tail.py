@@ -40,26 +40,23 @@ CALL_SHARE = 0.25  # at most this fraction of a batch's groups in one call
 
 
 @dataclass(eq=False)
-class TailPlan:
-    """What an open rollout computes in its tail, and what was sent."""
+class StepTail:
+    """One step's tail: which passes it computes, the groups sent, and the calls' result refs
+    with the rows each covers (kept after the rollout, for its post-rollout passes)."""
 
     pipeline: str
     old: bool
     ref: bool
     sent: set[int] = field(default_factory=set)  # groups sent
-    busy: dict[int, Any] = field(default_factory=dict)  # device -> its call in flight
-
-
-@dataclass(eq=False)
-class StepTail:
-    """The calls of one step's tail: their result refs and the rows each covers."""
-
-    old: bool
-    ref: bool
     calls: list[tuple[Any, tuple[int, ...]]] = field(default_factory=list)
 
     def rows(self) -> int:
         return sum(len(r) for _, r in self.calls)
+
+
+def group_rows(k: int, g: int, n: int) -> range:
+    """The batch rows of GRPO group ``k`` (``g`` rows a group, ``n`` rows in all)."""
+    return range(k * g, min(n, (k + 1) * g))
 
 
 class TailPasses:
@@ -74,11 +71,10 @@ class TailPasses:
     def __init__(self, state: RunState, active: dict[str, RolloutRT]) -> None:
         self.state = state
         self.active = active
-        self.plans: dict[str, TailPlan] = {}  # rollout task id -> its plan
+        self.plans: dict[str, StepTail] = {}  # rollout task id -> its step's tail, while it runs
         self.steps: dict[tuple[str, int], StepTail] = {}
         # pipeline -> the workers that built its reference model (a replaced worker is not one)
         self.ref_sent: dict[str, list[Any]] = {}
-        self.failed = 0
 
     def open(self, ro: RolloutRT) -> None:
         """A rollout started with ``tail_logprobs``: plan its passes (none for an async
@@ -89,8 +85,7 @@ class TailPasses:
         ref = tr.kl_coef > 0
         if spec.mode != "sync" or not (old or ref):
             return
-        self.plans[ro.tid] = TailPlan(ro.pipeline, old, ref)
-        self.steps[(ro.pipeline, ro.step)] = StepTail(old, ref)
+        self.plans[ro.tid] = self.steps[(ro.pipeline, ro.step)] = StepTail(ro.pipeline, old, ref)
 
     def pump(self, ro: RolloutRT) -> None:
         """Send the finished groups not sent yet to the rollout's idle drained devices."""
@@ -103,8 +98,8 @@ class TailPasses:
         g = self.state.pipes[ro.pipeline].spec.group_size
         groups = math.ceil(ro.num_requests / g)
         ready = [k for k in range(groups) if k not in plan.sent and
-                 all(i in ro.results for i in range(k * g, min(ro.num_requests, (k + 1) * g)))]
-        devices = self._idle(ro, plan)
+                 all(i in ro.results for i in group_rows(k, g, ro.num_requests))]
+        devices = self._idle(ro)
         if not ready or not devices:
             return
         per = max(1, min(math.ceil(len(ready) / len(devices)), math.ceil(groups * CALL_SHARE)))
@@ -114,8 +109,9 @@ class TailPasses:
                 break
             self._send(ro, plan, d, take, g)
 
-    def _idle(self, ro: RolloutRT, plan: TailPlan) -> list[int]:
-        """The devices of ``ro``'s drained ranks on which nothing else runs."""
+    def _idle(self, ro: RolloutRT) -> list[int]:
+        """The devices of ``ro``'s drained ranks on which nothing runs (a tail call in flight
+        included: one at a time per device)."""
         used: set[int] = set()
         for c in self.state.calls.values():
             used.update(c.devices)
@@ -127,12 +123,12 @@ class TailPasses:
                 if not r.done:
                     used.update(r.devices)
         out = [d for r in ro.ranks if r.done for d in r.devices]
-        return [d for d in dict.fromkeys(out) if d not in used and d not in plan.busy]
+        return [d for d in dict.fromkeys(out) if d not in used]
 
-    def _send(self, ro: RolloutRT, plan: TailPlan, device: int, groups: list[int],
+    def _send(self, ro: RolloutRT, plan: StepTail, device: int, groups: list[int],
               g: int) -> None:
         pipe = self.state.pipes[ro.pipeline]
-        rows = tuple(i for k in groups for i in range(k * g, min(ro.num_requests, (k + 1) * g)))
+        rows = tuple(i for k in groups for i in group_rows(k, g, ro.num_requests))
         seqs = tuple((list(t.prompt_ids), list(t.response_ids), list(t.response_mask))
                      for t in (ro.results[i][0] for i in rows))
         actor = self.state.devs[device].actor
@@ -144,8 +140,7 @@ class TailPasses:
         if need_ref:
             built.append(actor)
         plan.sent.update(groups)
-        plan.busy[device] = ref
-        self.steps[(ro.pipeline, ro.step)].calls.append((ref, rows))
+        plan.calls.append((ref, rows))
         stage = Stage.OLD_LOGPROB if plan.old else Stage.REF_LOGPROB
         self.state.track(ref, Call(CallKind.TAIL, ro.pipeline, ro.step, stage, (device,), 1.0,
                                    rollout=ro, worker=device))
@@ -153,7 +148,8 @@ class TailPasses:
                   device)
 
     def done(self, call: Call, res: TailResult) -> None:
-        """A call returned: its spans (old, then reference), and its device is free again."""
+        """A call returned (no longer tracked: its device is free): its spans (old, then
+        reference), then the next groups."""
         from dataclasses import replace
 
         tokens = res.tokens // max(1, (res.old is not None) + (res.ref is not None))
@@ -163,23 +159,15 @@ class TailPasses:
         if res.ref is not None:
             self.state.span(replace(call, stage=Stage.REF_LOGPROB), Stage.REF_LOGPROB,
                             replace(res, t_start=res.t_mid, tokens=tokens), STREAMED_RANK)
-        self._free(call)
         if call.rollout is not None:
             self.pump(call.rollout)
 
     def lost(self, call: Call) -> None:
         """A call failed: its rows are computed after the rollout (the holder skips it)."""
-        self.failed += 1
         if call.worker is not None:  # whether it built the reference there is unknown
             actor = self.state.devs[call.worker].actor
             self.ref_sent[call.pipeline] = [a for a in self.ref_sent.get(call.pipeline, [])
                                             if a is not actor]
-        self._free(call)
-
-    def _free(self, call: Call) -> None:
-        plan = self.plans.get(call.rollout.tid) if call.rollout is not None else None
-        if plan is not None and call.worker is not None:
-            plan.busy.pop(call.worker, None)
 
     def take(self, pipeline: str, step: int, stage: str) -> StepTail | None:
         """The step's tail calls if they computed ``stage``'s log-probs (None otherwise)."""

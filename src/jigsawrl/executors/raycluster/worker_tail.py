@@ -46,14 +46,13 @@ class TailHost:
 
         from jigsawrl.engine.device import to_host
         from jigsawrl.engine.pipeline import grpo_config
-        from jigsawrl.engine.tail_logprobs import rows_logprobs
+        from jigsawrl.engine.tail_logprobs import pass_options, rows_logprobs
 
         torch.set_num_threads(max(1, req.threads))
         t_start = wall_now()
         name = req.pipeline
         pipe = self.local.get(name)
-        cfg = grpo_config(pipe.spec.train)
-        opts = (cfg.micro_batch_size, cfg.share_prompt, cfg.autocast)
+        opts = pass_options(grpo_config(pipe.spec.train))
         seqs = list(req.sequences)
         pad = pipe.tokenizer.pad_token_id
         old = ref = None
@@ -72,9 +71,6 @@ class TailHost:
         tokens = sum(len(p) + len(r) for p, r, _ in seqs) * (int(req.old) + int(req.ref))
         return TailResult(t_start=t_start, t_end=wall_now(), tokens=tokens, rows=req.rows,
                           old=old, ref=ref, t_mid=t_mid)
-
-    def has_ref(self, name: str) -> bool:
-        return name in self.refs
 
     def _ref(self, name: str, state: TrainState | None) -> Any:
         model = self.refs.get(name)
@@ -124,16 +120,14 @@ def fill_from_tail(pipe: Any, data: Any, stage: str, refs: list[Any], *,
     in-tail calls ``refs`` computed written in, the rest computed here; returns how many rows
     came from the tail."""
     from jigsawrl.engine.device import to_device
-    from jigsawrl.engine.tail_logprobs import fill_rows
+    from jigsawrl.engine.tail_logprobs import fill_rows, pass_options
     from jigsawrl.stages import Stage
 
     trainer = pipe.trainer
     model = trainer.ref_model if stage == Stage.REF_LOGPROB else trainer.model
     kept = kept_rows(refs, stage, get=get)
-    cfg = trainer.config
     batch = to_device(data.batch, pipe.device)
-    full, _ = fill_rows(model, batch, kept, (cfg.micro_batch_size, cfg.share_prompt,
-                                             cfg.autocast))
+    full, _ = fill_rows(model, batch, kept, pass_options(trainer.config))
     if stage == Stage.REF_LOGPROB:
         data.batch.ref_logprobs = full
     else:
