@@ -181,6 +181,10 @@ def test_quick_profile_end_to_end(tmp_path: Path) -> None:
     assert gap["transitions"] >= 8 and gap["gap_s"] > 0 and "rollout->reward" in gap[
         "by_transition"]
     assert params.stage_gap_s == pytest.approx(max(gap["gap_s"] - params.call_overhead_s, 0.0))
+    # the host's load beside the workers, sampled through the same run (Linux: /proc)
+    host = read_profile(out)["raw_runtime"]["host_load"]
+    assert host["cores"] >= 1 and host["seconds"] > 0 and host["worker_cores"] >= 0.5
+    assert params.host_slots == host["cores"] and params.host_load_slots == host["load_cores"]
     # the speed probe, timed at the profile's start and end (engine/speedprobe.py)
     from jigsawrl.costmodel.profile import profile_probe_s
 

@@ -48,3 +48,10 @@ def test_the_fit_keeps_what_the_empty_call_does_not_charge() -> None:
         pytest.approx(0.007)
     assert fit_runtime({"ray": ray, "stage_gap": {"gap_s": 0.001}})["stage_gap_s"] == 0.0
     assert "stage_gap_s" not in fit_runtime({"ray": ray})
+
+
+def test_the_host_load_becomes_slots_of_a_device() -> None:
+    host = {"cores": 8.0, "load_cores": 1.0, "worker_cores": 6.0, "seconds": 2.0}
+    fit = fit_runtime({"host_load": host}, threads=2)
+    assert fit["host_slots"] == 4.0 and fit["host_load_slots"] == 0.5
+    assert "host_slots" not in fit_runtime({})

@@ -241,17 +241,22 @@ def fit_params(model: ModelSpec, raw_by_threads: dict[int, dict[str, Any]]) -> d
             "bucket_overhead_tokens_by_pass": buckets}
 
 
-def fit_runtime(runtime: dict[str, Any], host_link_bytes_per_s: float | None = None
-                ) -> dict[str, float]:
+def fit_runtime(runtime: dict[str, Any], host_link_bytes_per_s: float | None = None,
+                threads: int = 1) -> dict[str, float]:
     """CostParams of the runtime measurements (see :func:`measure_runtime`); {} when absent.
 
     The transfer line ``time = 2 call + latency + bytes / bandwidth`` goes through the two
     measured sizes (each transfer is two actor calls: one hands the tensors out, one takes
     them); a reward call is one actor call plus the per-sample scoring. A train state's moves
     keep what their bytes' transfer over ``host_link_bytes_per_s`` (what the simulator charges
-    for those bytes already) leaves of the measured time.
+    for those bytes already) leaves of the measured time. The host's cores and the load beside
+    its workers become slots of a device's ``threads`` (``host_slots``, ``host_load_slots``).
     """
     params: dict[str, float] = {}
+    host = runtime.get("host_load")
+    if host:
+        params["host_slots"] = float(host["cores"]) / threads
+        params["host_load_slots"] = float(host["load_cores"]) / threads
     if runtime.get("reward_s_per_sample") is not None:
         params["reward_s_per_sample"] = float(runtime["reward_s_per_sample"])
     if runtime.get("rank_setup_s") is not None:
@@ -362,7 +367,7 @@ def build_profile(model: ModelSpec, settings: ProfileSettings, raw: dict[int, di
     top = max(raw)
     fitted = fit_params(model, raw)
     fitted["params"].update(fit_runtime(runtime or {},
-                                        fitted["accelerator"]["host_link_bytes_per_s"]))
+                                        fitted["accelerator"]["host_link_bytes_per_s"], top))
     fitted["full_share_threads"] = top
     fitted["slowdown"] = slowdown_table(raw)
     base = cpu_worker_params()

@@ -180,6 +180,16 @@ class CostParams:
     # every call (a stage; a rollout rank's every slice and resume: sim/rollout_calls.py).
     # 0 = not modelled (GPU).
     stage_gap_s: float = 0.0
+    # A CPU host shared by its devices' workers and by what else a run keeps busy there (the
+    # driver's decisions and Ray waits, Ray's daemons, reward workers): ``host_slots`` is how
+    # many devices of one node (``devices_per_node``) compute at full speed at once (its cores
+    # over a device's threads), ``host_load_slots`` what the rest takes while workers compute,
+    # in the same unit. With k of a node's devices busy each runs max(1, (k + load) / slots)
+    # times slower (sim/hostload.py): on this 2-core CPU a pass ran 16-17% slower than
+    # predicted while the other device was busy, 1-4% while it idled. `jigsawrl profile`
+    # measures both (experiments/hostload.py); 0 = not modelled (GPU hosts have cores to spare).
+    host_slots: float = 0.0
+    host_load_slots: float = 0.0
     # Fixed cost of one host transfer call: pinned-buffer setup, synchronisation (assumption).
     host_transfer_latency_s: float = 1e-3
     # Effective host <-> device bandwidth of verl's offload (train.param_offload,
@@ -217,7 +227,7 @@ class CostParams:
         for name in ("eager_iter_overhead_s_per_layer", "reward_s_per_sample",
                      "reward_overhead_s", "state_onload_s", "state_offload_s",
                      "serial_slice_s", "rollout_setup_s", "stage_gap_s",
-                     "bucket_overhead_tokens"):
+                     "bucket_overhead_tokens", "host_slots", "host_load_slots"):
             if not getattr(self, name) >= 0.0:
                 raise ValueError(f"CostParams.{name} must be >= 0, got {getattr(self, name)}")
         if not self.offload_bytes_per_s > 0.0:

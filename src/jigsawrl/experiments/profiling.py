@@ -23,7 +23,7 @@ from jigsawrl.costmodel.fit import (
     median_time_s,
 )
 from jigsawrl.experiments.machine import machine_info
-from jigsawrl.experiments.stage_gap import measure_stage_gap, probe_spec
+from jigsawrl.experiments.stage_gap import measure_probe, probe_spec
 from jigsawrl.stages import Stage
 
 log = logging.getLogger(__name__)
@@ -285,8 +285,8 @@ def measure_runtime(settings: ProfileSettings, engine_model: Any) -> dict[str, A
     """Reward scoring per sample, a train state's moves (:func:`measure_state_moves`), a
     rollout rank's set-up (:func:`measure_rank_setup`), and (when Ray is installed) an actor
     call and a transfer of ``engine_model``'s fp32 weights between two Ray worker processes,
-    and the wait between two stages of a real run on the Ray executor
-    (:func:`~jigsawrl.experiments.stage_gap.measure_stage_gap`)."""
+    and the wait between two stages of a real run on the Ray executor and the host's load
+    beside its workers (:func:`~jigsawrl.experiments.stage_gap.measure_probe`)."""
     out: dict[str, Any] = {"reward_s_per_sample": measure_rewards(settings.seed),
                            "state_move": measure_state_moves(settings)}
     setup = measure_rank_setup(settings)
@@ -300,9 +300,11 @@ def measure_runtime(settings: ProfileSettings, engine_model: Any) -> dict[str, A
     weights = {k: v.detach().float().clone() for k, v in engine_model.state_dict().items()}
     out["ray"] = measure_transport(weights, reps=max(5, 3 * settings.repeats))
     with _threads_kept():
-        gap = measure_stage_gap(settings.model, settings.seed)
+        gap, host = measure_probe(settings.model, settings.seed)
     if gap is not None:
         out["stage_gap"] = gap
+    if host is not None:
+        out["host_load"] = host
     return out
 
 

@@ -13,24 +13,28 @@ use), a few steps, no warm start — and the median over every transition of a s
 reward -> old log-prob -> update -> weight sync) and from a weight sync to the next step's
 rollout of the gap between the one's last span and the other's first. It is taken once, beside
 the profile's other runtime measurements; the fit keeps what the empty call does not already
-charge (:func:`jigsawrl.costmodel.fit.fit_runtime`).
+charge (:func:`jigsawrl.costmodel.fit.fit_runtime`). The same run measures what the driver,
+Ray's daemons and the reward workers take of the host's CPU while the workers compute
+(:mod:`jigsawrl.experiments.hostload`).
 """
 
 from __future__ import annotations
 
 import logging
 import statistics
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
 from jigsawrl.config import ExperimentConfig, PipelineSpec, TrainSpec, validate_config
 from jigsawrl.events import Event, Span
+from jigsawrl.experiments.hostload import HostSampler, host_cores
 from jigsawrl.stages import ROLLOUT_BANDS, Stage
 
 log = logging.getLogger(__name__)
 
-PROBE_STEPS = 3
+PROBE_STEPS = 8  # enough steps that the host-load window holds ~1 s of them
 
 
 def probe_spec(model: str, threads: int, batch_size: int, *, name: str = "profile",
@@ -77,21 +81,42 @@ def stage_gaps(events: Sequence[Event]) -> dict[str, list[float]]:
     return dict(gaps)
 
 
-def measure_stage_gap(model: str, seed: int = 0) -> dict[str, Any] | None:
-    """Run the probe (module docstring) and return ``{"gap_s": median, "transitions": n,
-    "by_transition": {name: median}}``; None without Ray or the engine installed."""
-    try:
-        from jigsawrl.experiments.real import run_real
-    except ImportError as exc:  # pragma: no cover - the real extras are installed in CI
-        log.warning("stage gap not profiled (%s)", exc)
-        return None
-    _, events = run_real(probe_config(model, seed))
+def gap_summary(events: Sequence[Event]) -> dict[str, Any] | None:
+    """``{"gap_s": median, "transitions": n, "by_transition": {name: median}}`` of a run's
+    stage transitions (:func:`stage_gaps`); None when it had none."""
     gaps = stage_gaps(events)
     flat = [g for gs in gaps.values() for g in gs]
     if not flat:
-        log.warning("stage gap not profiled: the probe run produced no stage transitions")
         return None
-    out = {"gap_s": statistics.median(flat), "transitions": len(flat),
-           "by_transition": {k: statistics.median(v) for k, v in sorted(gaps.items())}}
-    log.info("stage gap: %.1f ms median over %d transitions", 1e3 * out["gap_s"], len(flat))
-    return out
+    return {"gap_s": statistics.median(flat), "transitions": len(flat),
+            "by_transition": {k: statistics.median(v) for k, v in sorted(gaps.items())}}
+
+
+def measure_probe(model: str, seed: int = 0
+                  ) -> tuple[dict[str, Any] | None, dict[str, float] | None]:
+    """Run the probe (module docstring) and return its stage gap (:func:`gap_summary`) and the
+    host's load beside its workers from its first finished step to its last
+    (:mod:`jigsawrl.experiments.hostload`: ``load_cores``, ``worker_cores``, ``seconds``, and
+    the host's ``cores``); each None when not measured (no Ray or engine installed, no
+    transition, not Linux)."""
+    try:
+        from jigsawrl.experiments.real import run_real
+    except ImportError as exc:  # pragma: no cover - the real extras are installed in CI
+        log.warning("stage gap and host load not profiled (%s)", exc)
+        return None, None
+    steps: list[float] = []
+    with HostSampler() as sampler:
+        _, events = run_real(probe_config(model, seed),
+                             on_progress=lambda done, total: steps.append(time.perf_counter()))
+    gap = gap_summary(events)
+    if gap is None:
+        log.warning("stage gap not profiled: the probe run produced no stage transitions")
+    else:
+        log.info("stage gap: %.1f ms median over %d transitions", 1e3 * gap["gap_s"],
+                 gap["transitions"])
+    load = sampler.result(steps[0], steps[-1]) if len(steps) >= 2 else None
+    if load is not None:
+        load["cores"] = float(host_cores())
+        log.info("host load beside the workers: %.2f of %d cores", load["load_cores"],
+                 host_cores())
+    return gap, load

@@ -20,6 +20,7 @@ from jigsawrl.costmodel.protocol import CostModelProtocol
 from jigsawrl.events import Event
 from jigsawrl.sim.contention import BandwidthContention
 from jigsawrl.sim.gates import DeviceGates
+from jigsawrl.sim.hostload import HostLoad
 from jigsawrl.sim.kernel import EventQueue
 from jigsawrl.sim.listener import SimListener
 from jigsawrl.sim.residency import worker_param
@@ -44,13 +45,15 @@ class SimCluster:
         self.events: list[Event] = []
         self.contention = BandwidthContention(num_devices, cost)
         slice_s = worker_param(cost, "serial_slice_s")
-        self.gates = DeviceGates(self.q, num_devices, slice_s) if slice_s > 0 else None
+        self.host = HostLoad(num_devices, cost)
+        self.gates = (DeviceGates(self.q, num_devices, slice_s, self.host) if slice_s > 0
+                      else None)
         self.streams = StreamRuntime(self.q, cost, self.events, self._works_on, self._idle)
         self.rollouts = RolloutRuntime(self.q, cost, self.contention, self.events, listener,
-                                       self.streams, self.gates)
+                                       self.streams, self.gates, self.host)
         self.works = WorkRuntime(self.q, cost, self.contention, self.events, listener,
                                  self.rollouts.step_lens, num_devices, self.streams.streamed,
-                                 self.gates, self.rollouts.step_prompts)
+                                 self.gates, self.rollouts.step_prompts, self.host)
 
     def _works_on(self, devices: tuple[int, ...]) -> bool:
         """Whether a compute work runs on any of ``devices`` (a stream server yields to it)."""
@@ -66,8 +69,13 @@ class SimCluster:
         return tuple(d for d in devices if d not in used)
 
     def _settle(self) -> None:
-        """After an action or event: re-time contended decodes, pause or resume streaming."""
+        """After an action or event: re-time contended decodes and the work of nodes whose
+        busy devices changed (:mod:`.hostload`), pause or resume streaming."""
         self.rollouts.refresh()
+        nodes = self.host.take_touched()
+        if nodes:
+            self.works.retime_host(nodes)
+            self.rollouts.retime_host(nodes)
         if self.streams.servers:
             self.streams.poll()
 

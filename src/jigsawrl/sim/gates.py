@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Hashable
 
+from jigsawrl.sim.hostload import HostLoad
 from jigsawrl.sim.kernel import PRIO_WAKE, EventQueue
 from jigsawrl.stages import MODEL_PASSES, Stage
 
@@ -41,11 +42,15 @@ class DeviceGates:
         q: the event queue (grants are delivered on it, at the current instant).
         num_devices: devices of the pool.
         slice_s: how long a rollout rank holds its gate before it yields to a waiter.
+        host: told when a device's gate is taken or given back (a held device computes:
+            :mod:`.hostload`).
     """
 
-    def __init__(self, q: EventQueue, num_devices: int, slice_s: float) -> None:
+    def __init__(self, q: EventQueue, num_devices: int, slice_s: float,
+                 host: HostLoad | None = None) -> None:
         self.q = q
         self.slice_s = slice_s
+        self.host = host
         self._holder: list[Hashable | None] = [None] * num_devices
         self._queue: list[deque[Hashable]] = [deque() for _ in range(num_devices)]
         self._claims: dict[Hashable, tuple[tuple[int, ...], Callable[[], None]]] = {}
@@ -79,7 +84,7 @@ class DeviceGates:
         self._held.pop(key, None)
         for d in claim[0]:
             if self._holder[d] == key:
-                self._holder[d] = None
+                self._hold(d, None)
                 self._grant_next(d)
             elif key in self._queue[d]:
                 self._queue[d].remove(key)
@@ -98,7 +103,7 @@ class DeviceGates:
         while i < len(devs):
             d = devs[i]
             if self._holder[d] is None and not self._queue[d]:
-                self._holder[d] = key
+                self._hold(d, key)
                 i += 1
                 continue
             self._held[key] = i
@@ -111,10 +116,15 @@ class DeviceGates:
         if self.holds(key):
             on_grant()
 
+    def _hold(self, d: int, key: Hashable | None) -> None:
+        self._holder[d] = key
+        if self.host is not None:
+            self.host.set_busy(d, key is not None)
+
     def _grant_next(self, d: int) -> None:
         queue = self._queue[d]
         if queue and self._holder[d] is None:
             key = queue.popleft()
-            self._holder[d] = key
+            self._hold(d, key)
             self._held[key] += 1
             self._next(key)

@@ -51,6 +51,7 @@ class RankRun:
     # yielding to another call); that segment waits a stage gap for each
     calls_due: int = 0
     wake_s: float = 0.0  # after a regroup: its new engine's wake-up, before its next segment
+    host_factor: float = 1.0  # the host's slowdown its segment was timed at (sim/hostload.py)
 
 
 @dataclass(slots=True, eq=False)

@@ -23,6 +23,7 @@ from jigsawrl.events import Event, SampleFinished, Span
 from jigsawrl.sim.batching import Finished, FirstBatches, GroupTracker
 from jigsawrl.sim.contention import BandwidthContention
 from jigsawrl.sim.gates import DeviceGates
+from jigsawrl.sim.hostload import HostLoad
 from jigsawrl.sim.kernel import PRIO_ARRIVAL, PRIO_FINISH, PRIO_WAKE, EventQueue
 from jigsawrl.sim.listener import SimListener
 from jigsawrl.sim.rollout import ReqRun, RolloutInstance, Segment, SegmentResult, engine_limits
@@ -54,16 +55,16 @@ class RolloutRuntime(GatedRanksMixin, FirstBatchMixin, WorkerCallsMixin, Regroup
         events: where metric records go (shared with compute works).
         listener: where rank progress and finished rollouts are reported.
         streams: the streaming trainers of rollouts started with stream devices.
-        gates: devices that run one call at a time (:mod:`.gates`; None: co-located work
-            advances at its shares), on which ranks run in time slices (:mod:`.rollout_gates`).
+        gates, host: devices that run one call at a time (:mod:`.gates`; None: shares), where
+            ranks run in slices (:mod:`.rollout_gates`) at the host's load (:mod:`.hostload`).
     """
 
     def __init__(self, q: EventQueue, cost: CostModelProtocol, contention: BandwidthContention,
                  events: list[Event], listener: SimListener, streams: StreamRuntime,
-                 gates: DeviceGates | None = None) -> None:
+                 gates: DeviceGates | None = None, host: HostLoad | None = None) -> None:
         self.q = q
         self.gates = gates
-        self._init_calls(cost)  # the waits of a rank's worker calls (sim/rollout_calls.py)
+        self._init_calls(cost, host)  # a rank's worker calls, their host (rollout_calls.py)
         self.cost = cost
         self.contention = contention
         self.events = events
@@ -170,7 +171,7 @@ class RolloutRuntime(GatedRanksMixin, FirstBatchMixin, WorkerCallsMixin, Regroup
         rate = self._rate(rank)
         seg = rank.inst.next_segment(now, rate, self.contention.decode_share(rate, rank.kappa))
         if seg is not None:
-            seg = self._with_call_waits(rank, seg, rate)
+            seg = self._host_timed(rank, self._with_call_waits(rank, seg, rate))
         rank.seg = seg
         self._set_demand(task, rank, self.contention.bw(rate) if seg is not None else 0.0)
         if seg is None:

@@ -20,6 +20,7 @@ from jigsawrl.costmodel.protocol import CostModelProtocol
 from jigsawrl.events import Event, Span
 from jigsawrl.sim.contention import BandwidthContention, work_demand
 from jigsawrl.sim.gates import GATED_STAGES, DeviceGates
+from jigsawrl.sim.hostload import HostLoad
 from jigsawrl.sim.kernel import PRIO_FINISH, Entry, EventQueue
 from jigsawrl.sim.listener import SimListener
 from jigsawrl.sim.residency import WorkerResidency, moves_modelled, worker_param
@@ -47,6 +48,7 @@ class Work:
     tokens: int
     total_full_s: float = 0.0
     slowdown: float = 1.0
+    host_factor: float = 1.0  # the host's slowdown it was last timed at (sim/hostload.py)
     entry: Entry | None = None
     span_start_s: float = 0.0
     done_frac: float = 0.0
@@ -107,6 +109,9 @@ class WorkRuntime:
             whole device to its end.
         step_prompts: the prompt tokens of ``step_lens``' sequences, in the same order (for a
             trainer that forwards each group's prompt once: ``CostParams.train_shares_prompt``).
+        host: the CPU host's load (:mod:`.hostload`; None: not modelled), which slows a gated
+            work while its node's busy devices and the rest of the run want more cores than
+            it has.
     """
 
     def __init__(self, q: EventQueue, cost: CostModelProtocol, contention: BandwidthContention,
@@ -114,8 +119,10 @@ class WorkRuntime:
                  step_lens: Mapping[tuple[str, int], tuple[int, ...]], num_devices: int,
                  streamed: Callable[[str, int, str], Counter[int]] | None = None,
                  gates: DeviceGates | None = None,
-                 step_prompts: Mapping[tuple[str, int], tuple[int, ...]] | None = None) -> None:
+                 step_prompts: Mapping[tuple[str, int], tuple[int, ...]] | None = None,
+                 host: HostLoad | None = None) -> None:
         self.q = q
+        self.host = host
         self.step_prompts = {} if step_prompts is None else step_prompts
         self.gates = gates
         self.cost = cost
@@ -187,11 +194,36 @@ class WorkRuntime:
     def _schedule(self, w: Work) -> None:
         rate = 1.0 if self._gated(w.stage) else w.share
         self._set_demand(w, work_demand(w.stage, rate))
+        w.host_factor = self._host_factor(w)
         w.slowdown = (1.0 if rate <= 0 else
-                      self.cost.slowdown(w.stage, rate, model=w.pipe.model))
+                      self.cost.slowdown(w.stage, rate, model=w.pipe.model) * w.host_factor)
         w.since_s = self.q.now_s
         w.entry = self.q.schedule(self.q.now_s + w.remaining_full_s * w.slowdown,
                                   (self._on_end, w), PRIO_FINISH)
+
+    def _host_factor(self, w: Work) -> float:
+        """The host's slowdown of a gated work (it holds its devices' gates: they are busy)."""
+        if self.host is None or not self._gated(w.stage):
+            return 1.0
+        return self.host.factor(w.devices)
+
+    def retime_host(self, nodes: set[int]) -> None:
+        """Re-time the running works on ``nodes``, whose busy devices changed: the work done
+        so far stands, the rest runs at the host's new slowdown (no new span: the share is
+        unchanged)."""
+        assert self.host is not None
+        for w in self.works.values():
+            if w.entry is None or not self.host.on_nodes(w.devices, nodes):
+                continue
+            factor = self._host_factor(w)
+            if abs(factor - w.host_factor) <= 1e-12:
+                continue
+            self.q.cancel(w.entry)
+            self._progress(w)
+            w.slowdown *= factor / w.host_factor
+            w.host_factor = factor
+            w.entry = self.q.schedule(self.q.now_s + w.remaining_full_s * w.slowdown,
+                                      (self._on_end, w), PRIO_FINISH)
 
     def _progress(self, w: Work) -> None:
         now = self.q.now_s
