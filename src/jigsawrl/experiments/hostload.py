@@ -69,13 +69,6 @@ def _workers_s(proc: Path) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def host_cores() -> int:
-    """The cores this process may run on (what the host's workers and the rest share)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
 def take_sample(proc: Path = Path("/proc")) -> Sample:
     return Sample(time.perf_counter(), _host_busy_s(proc), _workers_s(proc))
 

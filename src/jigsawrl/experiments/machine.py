@@ -8,6 +8,13 @@ from pathlib import Path
 from typing import Any
 
 
+def host_cores() -> int:
+    """The cores this process may run on (what a host's workers and the rest of a run share)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def machine_info(*, with_torch: bool = False) -> dict[str, Any]:
     """Platform, CPU model, core count and Python version of this machine.
 
@@ -22,8 +29,7 @@ def machine_info(*, with_torch: bool = False) -> dict[str, Any]:
                 break
     except OSError:
         pass
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    info: dict[str, Any] = {"platform": platform.platform(), "cpu": cpu, "cores": cores,
+    info: dict[str, Any] = {"platform": platform.platform(), "cpu": cpu, "cores": host_cores(),
                             "python": platform.python_version()}
     if with_torch:
         import torch

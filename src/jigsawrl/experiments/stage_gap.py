@@ -29,7 +29,8 @@ from typing import Any
 
 from jigsawrl.config import ExperimentConfig, PipelineSpec, TrainSpec, validate_config
 from jigsawrl.events import Event, Span
-from jigsawrl.experiments.hostload import HostSampler, host_cores
+from jigsawrl.experiments.hostload import HostSampler
+from jigsawrl.experiments.machine import host_cores
 from jigsawrl.stages import ROLLOUT_BANDS, Stage
 
 log = logging.getLogger(__name__)
@@ -117,6 +118,6 @@ def measure_probe(model: str, seed: int = 0
     load = sampler.result(steps[0], steps[-1]) if len(steps) >= 2 else None
     if load is not None:
         load["cores"] = float(host_cores())
-        log.info("host load beside the workers: %.2f of %d cores", load["load_cores"],
-                 host_cores())
+        log.info("host load beside the workers: %.2f of %g cores", load["load_cores"],
+                 load["cores"])
     return gap, load
