@@ -6,7 +6,7 @@ waits and dispatches), Ray's daemons and the reward workers need CPU too, and wh
 has a worker that CPU comes out of the workers' calls. In `jigsawrl bench real` (2 cores, two
 1-thread workers) the log-prob and update passes ran 16-17% slower than predicted while the
 other device was busy and 1-4% while it was idle; two processes running the same passes with no
-driver beside them slowed each other by only 3%, and sampling every process's CPU during a run
+driver beside them slowed each other by 3-13%, and sampling every process's CPU during a run
 found the driver, reward workers and daemons taking ~0.27 cores while steps ran
 (docs/BENCHMARKS.md, "Host load"). The simulator charges this as a slowdown of a node's busy
 devices when they and this load want more cores than the node has (:mod:`jigsawrl.sim.hostload`).
