@@ -26,3 +26,21 @@ def test_speed_note_says_how_much_slower_or_faster_and_the_scaled_error() -> Non
     fast = speed_note(calibration(0.8, makespan_err=-0.1))
     assert fast is not None and "1.25× faster" in fast and "makespan -10%" in fast
     assert "nothing to compare" in (speed_note(calibration(1.0, makespan_err=None)) or "")
+
+
+def test_a_prediction_from_replays_shows_their_range_and_how_many_hold_the_measurement(
+) -> None:
+    from jigsawrl.bench.real_report import _pred_err, error_note
+    from jigsawrl.experiments.calibrate import Compared
+
+    cal = calibration(None)
+    cal.pool = {"makespan_s": Compared(100.0, 104.0, 98.0, 110.0)}
+    cal.pipelines = {"a": {"step_latency_s": Compared(1.0, 1.3, 1.1, 1.6),
+                           "tokens_per_s": Compared(5.0, 5.0)}}
+    assert _pred_err(cal.pool["makespan_s"], ".1f") == "104.0 (+4%) [98.0–110.0]"
+    assert _pred_err(cal.pipelines["a"]["tokens_per_s"], ".1f") == "5.0 (+0%)"
+    assert "σ" not in error_note(cal)  # no replays: the noise-free replay's line alone
+    cal.noise_sigma, cal.replays = 0.065, 8
+    note = error_note(cal)
+    assert "largest error 30%" in note and "of 8 replays" in note
+    assert "σ 6.5%" in note and "within it for 1 of 2" in note

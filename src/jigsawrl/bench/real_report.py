@@ -47,8 +47,17 @@ def error_note(cal: Calibration | None) -> str:
     if err is None:
         return "prediction: nothing to compare"
     verdict = "within" if cal.within_target else "MISSES"
-    return (f"prediction: largest error {err:.0%} on step latency / throughput — {verdict} "
+    line = (f"prediction: largest error {err:.0%} on step latency / throughput — {verdict} "
             f"the {TARGET_REL_ERROR:.0%} aim")
+    if not cal.replays or cal.noise_sigma is None:
+        return line
+    judged = [c for k, c in cal.pool.items() if k in cal.JUDGED_POOL]
+    judged += [c for d in cal.pipelines.values() for k, c in d.items()
+               if k in cal.JUDGED_PIPELINE]
+    inside = [c.in_range for c in judged if c.in_range is not None]
+    return (f"{line}; in brackets the range of the prediction and of {cal.replays} replays "
+            f"under this run's call-time scatter (σ {cal.noise_sigma:.1%}): the measurement "
+            f"lies within it for {sum(inside)} of {len(inside)}")
 
 
 def speed_note(cal: Calibration | None) -> str | None:
@@ -102,7 +111,9 @@ def _pred_err(c: Compared | None, spec: str) -> str:
     if c is None or c.predicted is None:
         return DASH
     err = c.rel_error
-    return _f(c.predicted, spec) + ("" if err is None else f" ({err:+.0%})")
+    span = ("" if c.low is None or c.high is None
+            else f" [{_f(c.low, spec)}–{_f(c.high, spec)}]")
+    return _f(c.predicted, spec) + ("" if err is None else f" ({err:+.0%})") + span
 
 
 def _only(d: Mapping[str, Any], key: str) -> Compared:

@@ -7,7 +7,8 @@ run's workload — each step's observed per-sample prompt length, response lengt
 (trace-driven: the simulator sees exactly what the real run saw, never a sampled workload) — and
 simulates it with the profile's cost model, noise off, under the same policy. It returns the
 predicted step latency and throughput per pipeline and the makespan and throughput of the pool,
-beside the measured ones, with their relative errors.
+beside the measured ones, with their relative errors, and each prediction's range over replays
+whose calls scatter as the run's did (:mod:`~jigsawrl.experiments.replay_spread`).
 
 Why: ROADMAP item 5 — a simulator is only worth its ratios if, given the same workload and a
 measured cost model, it predicts a real run. The aim is 10%; :attr:`Calibration.within_target`
@@ -56,6 +57,8 @@ from jigsawrl.events import Event, SampleFinished, StepFinished
 from jigsawrl.executors.simulated import SimulatedExecutor
 from jigsawrl.experiments.core import drive, make_policy, run_info
 from jigsawrl.experiments.real import real_belief
+from jigsawrl.experiments.replay_spread import REPLAYS, call_noise_sigma
+from jigsawrl.experiments.replay_spread import replays as replays_under_noise
 from jigsawrl.metrics.summary import summarize
 from jigsawrl.workload.experiment import Experiment
 from jigsawrl.workload.requests import RequestTruth, TurnTruth
@@ -140,6 +143,10 @@ def observed_requests(events: Iterable[Event], cfg: ExperimentConfig, *,
         events: the real run's events (only ``SampleFinished`` is read).
         cfg: its config (tool latency, task of each pipeline).
         tool_tokens: pipeline -> tokens per tool result (default: :func:`tool_result_tokens`).
+        replays: replays under the run's call-time scatter that give each prediction its
+            range (:mod:`~jigsawrl.experiments.replay_spread`); 0: none. The prediction itself,
+            the per-stage comparison and the speed-adjusted prediction are the noise-free
+            replay's.
 
     Raises:
         InputError: an event names a pipeline the config does not have.
@@ -236,10 +243,20 @@ def replay_experiment(exp: Experiment, requests: Mapping[str, StepRequests],
 
 @dataclass(frozen=True, slots=True)
 class Compared:
-    """One measured quantity beside its prediction."""
+    """One measured quantity beside its prediction; ``low`` / ``high``: the range of the
+    prediction and of the replays under the run's call-time scatter (None: none were run)."""
 
     measured: float | None
     predicted: float | None
+    low: float | None = None
+    high: float | None = None
+
+    @property
+    def in_range(self) -> bool | None:
+        """Whether the measurement lies within the replays' range (None: no range)."""
+        if self.measured is None or self.low is None or self.high is None:
+            return None
+        return self.low <= self.measured <= self.high
 
     @property
     def rel_error(self) -> float | None:
@@ -249,8 +266,11 @@ class Compared:
         return (self.predicted - self.measured) / self.measured
 
     def to_json(self) -> dict[str, float | None]:
-        return {"measured": self.measured, "predicted": self.predicted,
-                "rel_error": self.rel_error}
+        out = {"measured": self.measured, "predicted": self.predicted,
+               "rel_error": self.rel_error}
+        if self.low is not None:
+            out.update(low=self.low, high=self.high)
+        return out
 
 
 @dataclass(slots=True)
@@ -280,6 +300,10 @@ class Calibration:
     # where the profile or the run has no probe
     speed_factor: float | None = None
     speed_adjusted: dict[str, Any] | None = None
+    # the run's call-time scatter (experiments/replay_spread.py) and the replays under it that
+    # give each of ``pool`` and ``pipelines`` its range (None / 0: none were run)
+    noise_sigma: float | None = None
+    replays: int = 0
 
     # Quantities the 10% aim applies to (busy fraction is shown, not judged).
     JUDGED_POOL = ("makespan_s", "throughput_tokens_per_s")
@@ -313,6 +337,7 @@ class Calibration:
                 "max_abs_rel_error": self.max_abs_rel_error, "bound_s": self.bound_s,
                 "bound_tokens_per_s": self.bound_tokens_per_s,
                 "speed_factor": self.speed_factor, "speed_adjusted": self.speed_adjusted,
+                "noise_sigma": self.noise_sigma, "replays": self.replays,
                 "pool": {k: c.to_json() for k, c in self.pool.items()},
                 "pipelines": {p: {k: c.to_json() for k, c in d.items()}
                               for p, d in self.pipelines.items()},
@@ -400,6 +425,25 @@ def compare_summaries(measured: Mapping[str, Any], predicted: Mapping[str, Any]
     return pool, pipes
 
 
+def compare_replays(measured: Mapping[str, Any], predicted: Mapping[str, Any],
+                    replays: Sequence[Mapping[str, Any]]
+                    ) -> tuple[dict[str, Compared], dict[str, dict[str, Compared]]]:
+    """:func:`compare_summaries` of ``predicted`` (the noise-free replay), each quantity with
+    the range (``Compared.low`` / ``high``) of it and of ``replays`` (under noise)."""
+    pool, pipes = compare_summaries(measured, predicted)
+    runs = [compare_summaries(measured, one) for one in replays]
+
+    def ranged(c: Compared, others: list[Compared]) -> Compared:
+        values = [v for v in (c.predicted, *(o.predicted for o in others)) if v is not None]
+        if c.predicted is None or not values:
+            return c
+        return Compared(c.measured, c.predicted, min(values), max(values))
+
+    return ({k: ranged(c, [r[0][k] for r in runs]) for k, c in pool.items()},
+            {name: {k: ranged(c, [r[1][name][k] for r in runs]) for k, c in d.items()}
+             for name, d in pipes.items()})
+
+
 def mean_stage_times(events: Iterable[Event]) -> dict[str, dict[str, float]]:
     """Pipeline -> ``StepFinished.timings_s`` key -> mean seconds over the pipeline's steps."""
     sums: dict[str, dict[str, list[float]]] = {}
@@ -425,7 +469,8 @@ def _num(v: Any) -> float | None:
 def calibrate(cfg: ExperimentConfig, events: Sequence[Event], policy: str, *,
               profile: str | Path | None = None, measured: Mapping[str, Any] | None = None,
               exp: Experiment | None = None,
-              tool_tokens: Mapping[str, float] | None = None) -> Calibration:
+              tool_tokens: Mapping[str, float] | None = None,
+              replays: int = REPLAYS) -> Calibration:
     """Predict a finished real run with the simulator and put it beside the measurement.
 
     Args:
@@ -459,6 +504,13 @@ def calibrate(cfg: ExperimentConfig, events: Sequence[Event], policy: str, *,
     pool, pipes = compare_summaries(measured, sim_summary)
     cal = Calibration(policy, truth.accel.source, pool, pipes, sim_summary, sim_events, notes,
                       compare_stages(events, sim_events), replay_bound(replay, truth, notes))
+    sigma = call_noise_sigma(events, sim_events) if replays > 0 else None
+    if sigma:
+        runs = replays_under_noise(
+            lambda noisy_truth: simulate_replay(replay, policy, noisy_truth, belief=belief)[0],
+            truth, sigma, replays)
+        cal.pool, cal.pipelines = compare_replays(measured, sim_summary, runs)
+        cal.noise_sigma, cal.replays = sigma, replays
     factor = speed_factor(profile, measured)
     if factor is not None:
         cal.speed_factor = factor
