@@ -181,6 +181,8 @@ def test_quick_profile_end_to_end(tmp_path: Path) -> None:
     assert gap["transitions"] >= 8 and gap["gap_s"] > 0 and "rollout->reward" in gap[
         "by_transition"]
     assert params.stage_gap_s == pytest.approx(max(gap["gap_s"] - params.call_overhead_s, 0.0))
+    # the weight sync, timed whole on the same run
+    assert gap["weight_sync_s"] > 0 and params.weight_sync_s == gap["weight_sync_s"]
     # the host's load beside the workers, sampled through the same run (Linux: /proc)
     host = read_profile(out)["raw_runtime"]["host_load"]
     assert host["cores"] >= 1 and host["seconds"] > 0 and host["worker_cores"] >= 0.5

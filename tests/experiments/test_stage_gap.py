@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from jigsawrl.costmodel.fit import fit_runtime
-from jigsawrl.events import Span
-from jigsawrl.experiments.stage_gap import probe_config, stage_gaps
+from jigsawrl.events import Span, StepFinished
+from jigsawrl.experiments.stage_gap import gap_summary, probe_config, stage_gaps
 from jigsawrl.stages import Stage
 
 
@@ -55,3 +55,20 @@ def test_the_host_load_becomes_slots_of_a_device() -> None:
     fit = fit_runtime({"host_load": host}, threads=2)
     assert fit["host_slots"] == 4.0 and fit["host_load_slots"] == 0.5
     assert "host_slots" not in fit_runtime({})
+
+
+def test_the_summary_times_the_weight_sync_whole_and_the_fit_keeps_it() -> None:
+    """A step's weight sync from the driver's call to its result back (its timing), as the
+    executor's publish costs it: the fit keeps the median whole, its call and wait included."""
+    events = [span("a", 0, Stage.PREFILL, 0.00, 0.01), span("a", 0, Stage.REWARD, 0.02, 0.03),
+              *(StepFinished("a", s, 0.0, 1.0, {"update_weights": t, "step": 1.0})
+                for s, t in enumerate((0.006, 0.011, 0.008)))]
+    summary = gap_summary(events)
+    assert summary is not None and summary["weight_sync_s"] == pytest.approx(0.008)
+    no_sync = gap_summary(events[:2])
+    assert no_sync is not None and "weight_sync_s" not in no_sync
+    ray = {"call_s": 0.002, "transfer": [{"bytes": 1e6, "time_s": 0.01},
+                                         {"bytes": 8e6, "time_s": 0.03}]}
+    assert fit_runtime({"ray": ray, "stage_gap": summary})["weight_sync_s"] == \
+        pytest.approx(0.008)
+    assert "weight_sync_s" not in fit_runtime({"ray": ray, "stage_gap": no_sync})

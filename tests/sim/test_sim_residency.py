@@ -119,3 +119,27 @@ def test_every_stage_and_rank_waits_the_stage_gap_once() -> None:
     assert [b - a for a, b in zip(ends[0], ends[1], strict=True)] == [pytest.approx(gap)] * 2
     assert {k: spans[1][k] - v for k, v in spans[0].items()} == {
         Stage.REWARD: pytest.approx(gap), Stage.OLD_LOGPROB: pytest.approx(gap)}
+
+
+def test_a_weight_sync_measured_whole_costs_that_and_nothing_beside_it() -> None:
+    """``weight_sync_s`` (the profile's probe timed the executor's publish, call and wait
+    included) replaces the trainer -> engine model: no gather, no worker-link move, no gap."""
+    exp = experiment()
+    pipe = exp.pipelines[0]
+    base = CostParams(stage_gap_s=0.007, call_overhead_s=0.001, worker_link_bytes_per_s=2e8,
+                      worker_link_latency_s=0.004)
+    took = {}
+    for sync in (0.0, 0.009):
+        cost = CostModel(exp.accelerator, noise_sigma=0.0,
+                         params=dataclasses.replace(base, weight_sync_s=sync))
+        if sync:
+            assert cost.weight_sync_time_s(pipe.model, 2) == sync
+            assert cost.dispatch_time_s(pipe.model, Stage.WEIGHT_SYNC, 2) == 0.0
+        sim = SimCluster(exp.num_devices, cost, Recorder())
+        sim.start_work("p0/0/weight_sync", pipe, 0, Stage.WEIGHT_SYNC, (), 0.0)
+        while sim.step():
+            pass
+        took[sync] = sim.now_s
+    assert took[0.009] == pytest.approx(0.009)
+    # the model it replaces charges the move of the weights, the call and the gap
+    assert took[0.0] > 0.004 + 0.001 + 0.007

@@ -281,6 +281,8 @@ def fit_runtime(runtime: dict[str, Any], host_link_bytes_per_s: float | None = N
     gap = runtime.get("stage_gap")
     if gap:  # the empty call is charged per stage already: the rest of the measured wait
         params["stage_gap_s"] = max(float(gap["gap_s"]) - call, 0.0)
+        if gap.get("weight_sync_s"):  # measured whole, the call and its wait included
+            params["weight_sync_s"] = float(gap["weight_sync_s"])
     return params
 
 

@@ -180,6 +180,16 @@ class CostParams:
     # every call (a stage; a rollout rank's every slice and resume: sim/rollout_calls.py).
     # 0 = not modelled (GPU).
     stage_gap_s: float = 0.0
+    # A worker pool's weight sync, measured whole: from the driver's call to the publish's
+    # result back (the trainer's worker clones the actor's weights into the object store; the
+    # engines take the new version in with their next slice's arguments, which start as soon
+    # after a step's start as any call does). > 0 replaces the trainer -> engine model (gather,
+    # load, a worker-link move, the stage gap) with this; 0 = that model (GPU). `jigsawrl
+    # profile` times it on its probe run (the median of its 16 syncs), of the profiled model;
+    # other model sizes are not rescaled. At 1M parameters on this 2-core CPU: 6.5 ms median
+    # (mean ~9) over the demo's 104 syncs, 9.5-25 ms in five probe runs (its short steps keep
+    # the driver busier), where the model charged 28-34 ms.
+    weight_sync_s: float = 0.0
     # A CPU host shared by its devices' workers and by what else a run keeps busy there (the
     # driver's decisions and Ray waits, Ray's daemons, reward workers): ``host_slots`` is how
     # many devices of one node (``devices_per_node``) compute at full speed at once (its cores
@@ -226,7 +236,7 @@ class CostParams:
             raise ValueError("CostParams.devices_per_node and train_micro_batch_tokens must be >= 1")
         for name in ("eager_iter_overhead_s_per_layer", "reward_s_per_sample",
                      "reward_overhead_s", "state_onload_s", "state_offload_s",
-                     "serial_slice_s", "rollout_setup_s", "stage_gap_s",
+                     "serial_slice_s", "rollout_setup_s", "stage_gap_s", "weight_sync_s",
                      "bucket_overhead_tokens", "host_slots", "host_load_slots"):
             if not getattr(self, name) >= 0.0:
                 raise ValueError(f"CostParams.{name} must be >= 0, got {getattr(self, name)}")

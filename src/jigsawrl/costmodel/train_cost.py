@@ -165,8 +165,11 @@ class TrainCosts(CostCore):
         """Trainer (FSDP over ``n_devices``) -> colocated rollout engines of TP size ``tp``.
 
         Each device all-gathers the full bf16 weights layer by layer, keeps its TP slice and
-        copies it into the engine (read + write at HBM speed), plus a fixed overhead.
+        copies it into the engine (read + write at HBM speed), plus a fixed overhead. A worker
+        pool whose weight sync was measured whole (``CostParams.weight_sync_s``): that.
         """
+        if self.params.weight_sync_s > 0.0:
+            return self._out(self.params.weight_sync_s, noise)
         w = model.weight_bytes()
         gather = ring_collective_s(w, n_devices, self._link_bw(n_devices),
                                    self.params.collective_step_latency_s)
@@ -199,6 +202,8 @@ class TrainCosts(CostCore):
 
     def _pool_time_s(self, model: ModelSpec, stage: str, n_devices: int) -> float:
         p = self.params
+        if stage == Stage.WEIGHT_SYNC and p.weight_sync_s > 0.0:
+            return 0.0  # the call and the move are in the measured weight sync
         if stage == Stage.WEIGHT_SYNC:
             moves = 1
         elif n_devices >= 2:

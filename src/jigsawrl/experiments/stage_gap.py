@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from jigsawrl.config import ExperimentConfig, PipelineSpec, TrainSpec, validate_config
-from jigsawrl.events import Event, Span
+from jigsawrl.events import Event, Span, StepFinished
 from jigsawrl.experiments.hostload import HostSampler
 from jigsawrl.experiments.machine import host_cores
 from jigsawrl.stages import ROLLOUT_BANDS, Stage
@@ -36,6 +36,7 @@ from jigsawrl.stages import ROLLOUT_BANDS, Stage
 log = logging.getLogger(__name__)
 
 PROBE_STEPS = 8  # enough steps that the host-load window holds ~1 s of them
+SYNC_TIMING = "update_weights"  # a step's weight sync in StepFinished.timings_s (verl's key)
 
 
 def probe_spec(model: str, threads: int, batch_size: int, *, name: str = "profile",
@@ -84,13 +85,21 @@ def stage_gaps(events: Sequence[Event]) -> dict[str, list[float]]:
 
 def gap_summary(events: Sequence[Event]) -> dict[str, Any] | None:
     """``{"gap_s": median, "transitions": n, "by_transition": {name: median}}`` of a run's
-    stage transitions (:func:`stage_gaps`); None when it had none."""
+    stage transitions (:func:`stage_gaps`), and ``weight_sync_s``: the median of its steps'
+    weight syncs, from the driver's call to the result back (``StepFinished.timings_s``; absent
+    when no step timed one); None when it had no transition."""
     gaps = stage_gaps(events)
     flat = [g for gs in gaps.values() for g in gs]
     if not flat:
         return None
-    return {"gap_s": statistics.median(flat), "transitions": len(flat),
-            "by_transition": {k: statistics.median(v) for k, v in sorted(gaps.items())}}
+    out: dict[str, Any] = {
+        "gap_s": statistics.median(flat), "transitions": len(flat),
+        "by_transition": {k: statistics.median(v) for k, v in sorted(gaps.items())}}
+    syncs = [e.timings_s[SYNC_TIMING] for e in events
+             if isinstance(e, StepFinished) and e.timings_s.get(SYNC_TIMING)]
+    if syncs:
+        out["weight_sync_s"] = statistics.median(syncs)
+    return out
 
 
 def measure_probe(model: str, seed: int = 0

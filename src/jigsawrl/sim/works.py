@@ -138,6 +138,7 @@ class WorkRuntime:
         self.rollout_tps: dict[str, int] = {}
         self.residency = WorkerResidency(cost) if moves_modelled(cost) else None
         self.stage_gap_s = worker_param(cost, "stage_gap_s")
+        self.sync_measured = worker_param(cost, "weight_sync_s") > 0.0
 
     def start(self, tid: str, pipe: ResolvedPipeline, step: int, stage: str,
               devices: tuple[int, ...], share: float) -> None:
@@ -157,7 +158,8 @@ class WorkRuntime:
                  if self.residency is not None else None)
         if moved is not None:  # a worker pool's train-state moves (sim/residency.py)
             full_s = moved if stage in (Stage.ONLOAD, Stage.OFFLOAD) else full_s + moved
-        full_s += self.stage_gap_s  # a worker pool's wait for the call (CostParams.stage_gap_s)
+        if not (stage == Stage.WEIGHT_SYNC and self.sync_measured):  # (measured with its wait)
+            full_s += self.stage_gap_s  # a worker pool's wait for the call (stage_gap_s)
         w = Work(tid, pipe, step, stage, devices, share, full_s, self.q.now_s, flops,
                  tokens, total_full_s=full_s, span_start_s=self.q.now_s)
         self.works[tid] = w
