@@ -55,7 +55,7 @@ def error_note(cal: Calibration | None) -> str:
     judged += [c for d in cal.pipelines.values() for k, c in d.items()
                if k in cal.JUDGED_PIPELINE]
     inside = [c.in_range for c in judged if c.in_range is not None]
-    return (f"{line}; in brackets the range of the prediction and of {cal.replays} replays "
+    return (f"{line}; range: that of the prediction and of {cal.replays} replays "
             f"under this run's call-time scatter (σ {cal.noise_sigma:.1%}): the measurement "
             f"lies within it for {sum(inside)} of {len(inside)}")
 
@@ -85,8 +85,9 @@ def run_table(summary: Mapping[str, Any], cal: Calibration | None) -> Table:
     span = cal.pool["makespan_s"] if cal else _only(summary, "makespan_s")
     title = (f"{summary.get('name')} under {summary.get('policy')}: makespan "
              f"{_f(span.measured, '.1f')} s (predicted {_pred_err(span, '.1f')})")
-    table = Table(title=title, caption="each pipeline: measured, then predicted (error)",
-                  box=box.SIMPLE_HEAD)
+    caption = "each pipeline: measured, then predicted (error)" + (
+        ", then the range of it and the replays" if cal is not None and cal.replays else "")
+    table = Table(title=title, caption=caption, box=box.SIMPLE_HEAD)
     for col in ("pipeline", "steps", "s/step", "tokens/s", "reward first → last"):
         table.add_column(col, justify="left" if col == "pipeline" else "right", no_wrap=True)
     curves = reward_curves(summary)
@@ -101,19 +102,31 @@ def run_table(summary: Mapping[str, Any], cal: Calibration | None) -> Table:
                       _f(p.get("tokens_per_s"), ",.0f"),
                       f"{curve[0]:.3f} → {curve[-1]:.3f}" if curve else DASH,
                       style="bold" if name == "all" else None)
-        if cal is not None:
-            table.add_row("  predicted", "", _pred_err(c.get("step_latency_s"), ".2f"),
-                          _pred_err(c.get("tokens_per_s"), ",.0f"), "", style="dim")
+        if cal is None:
+            continue
+        lat, tok = c.get("step_latency_s"), c.get("tokens_per_s")
+        table.add_row("  predicted", "", _pred_err(lat, ".2f", ranged=False),
+                      _pred_err(tok, ",.0f", ranged=False), "", style="dim")
+        if cal.replays and any(x is not None and x.low is not None for x in (lat, tok)):
+            table.add_row("  range", "", _range(lat, ".2f"), _range(tok, ",.0f"), "",
+                          style="dim")
     return table
 
 
-def _pred_err(c: Compared | None, spec: str) -> str:
+def _pred_err(c: Compared | None, spec: str, *, ranged: bool = True) -> str:
+    """The prediction, its error and (``ranged``) the replays' range in brackets."""
     if c is None or c.predicted is None:
         return DASH
     err = c.rel_error
-    span = ("" if c.low is None or c.high is None
-            else f" [{_f(c.low, spec)}–{_f(c.high, spec)}]")
+    span = f" [{_range(c, spec)}]" if ranged and c.low is not None else ""
     return _f(c.predicted, spec) + ("" if err is None else f" ({err:+.0%})") + span
+
+
+def _range(c: Compared | None, spec: str) -> str:
+    """``low–high`` of the prediction and the replays under the run's scatter (a dash: none)."""
+    if c is None or c.low is None or c.high is None:
+        return DASH
+    return f"{_f(c.low, spec)}–{_f(c.high, spec)}"
 
 
 def _only(d: Mapping[str, Any], key: str) -> Compared:
