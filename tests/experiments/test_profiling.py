@@ -22,6 +22,7 @@ from jigsawrl.costmodel.fit import (
     build_profile,
     fit_decode,
     fit_runtime,
+    interleaved_median_times,
     nnls,
     parse_threads,
     slowdown_table,
@@ -283,3 +284,24 @@ def test_pass_line_separates_per_call_overhead() -> None:
                                                                            "time_s": 0.2}}
     assert pass_line(noisy, "logprob", 0.0) == (pytest.approx(0.1 / 2048), 0.0)
     assert pass_line({"logprob": {"tokens": 100, "time_s": 1.0}}, "logprob", 0.0) == (0.01, 0.0)
+
+
+def test_interleaved_timing_calls_every_point_once_a_round() -> None:
+    """A slow spell must hit one round of every point, not every repeat of one: the calls go
+    round-robin after one warm-up each, and each point keeps its median."""
+    import time as _time
+
+    calls: list[str] = []
+    slow = {"b": [0.0, 0.0, 0.02, 0.0]}  # b's warm-up, then rounds 1-3: round 2 slow
+
+    def fn(key: str):  # noqa: ANN202
+        def run() -> None:
+            calls.append(key)
+            delays = slow.get(key)
+            if delays:
+                _time.sleep(delays.pop(0))
+        return run
+
+    got = interleaved_median_times({"a": fn("a"), "b": fn("b")}, 3)
+    assert calls == ["a", "b", "a", "b", "a", "b", "a", "b"]
+    assert set(got) == {"a", "b"} and got["b"] < 0.01  # the slow round is not the median

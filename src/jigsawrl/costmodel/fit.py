@@ -45,7 +45,7 @@ import datetime as dt
 import logging
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -424,3 +424,25 @@ def median_time_s(fn: Callable[[], object], repeats: int) -> float:
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def interleaved_median_times(fns: Mapping[str, Callable[[], object]], repeats: int
+                             ) -> dict[str, float]:
+    """Median wall time of each of ``fns`` over ``repeats`` rounds that call every one once,
+    in turn, after one warm-up call each.
+
+    Why rounds: the points of one fit (a pass's line and its GRPO-shaped point) must see the
+    machine at the same speed. Timed one point after the other, a slow spell of a few seconds
+    on this VM fell on every repeat of one point: a profile's small update took 60 ms where two
+    others measured 41.5, the fitted per-call overhead came out 27 ms instead of 11-12, and the
+    demo's updates were predicted 30% slower than they ran (docs/BENCHMARKS.md, 2026-12-07).
+    """
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {key: [] for key in fns}
+    for _ in range(repeats):
+        for key, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[key].append(time.perf_counter() - t0)
+    return {key: statistics.median(ts) for key, ts in times.items()}

@@ -20,6 +20,7 @@ import numpy as np
 from jigsawrl.costmodel.fit import (
     ProfileSettings,
     build_profile,
+    interleaved_median_times,
     median_time_s,
 )
 from jigsawrl.experiments.machine import machine_info
@@ -138,21 +139,27 @@ def _train_side(model: Any, engine_model: Any, tok: Any,
     src, dst = torch.ones(_MEMCPY_BYTES // 4), torch.empty(_MEMCPY_BYTES // 4)
     reps = settings.repeats
     small_tokens = int(small.attention_mask.sum())
+    # in rounds, every point once a round: a slow spell hits one round of each, not one point
+    t = interleaved_median_times({
+        "logprob": lambda: compute_logprobs(model, batch, mb),
+        "logprob_small": lambda: compute_logprobs(model, small, mb),
+        "train": lambda: trainer.update(batch),
+        "train_small": lambda: trainer.update(small),
+        "logprob_grpo": lambda: compute_logprobs(model, grpo, grpo_mb),
+        "train_grpo": lambda: grpo_trainer.update(grpo),
+        Stage.WEIGHT_SYNC: lambda: engine.load_weights(model.state_dict())}, reps)
     return {
-        "logprob": {"tokens": tokens,
-                    "time_s": median_time_s(lambda: compute_logprobs(model, batch, mb), reps)},
-        "logprob_small": {"tokens": small_tokens,
-                          "time_s": median_time_s(lambda: compute_logprobs(model, small, mb), reps)},
-        "train": {"tokens": tokens, "time_s": median_time_s(lambda: trainer.update(batch), reps)},
-        "train_small": {"tokens": small_tokens,
-                        "time_s": median_time_s(lambda: trainer.update(small), reps)},
+        "logprob": {"tokens": tokens, "time_s": t["logprob"]},
+        "logprob_small": {"tokens": small_tokens, "time_s": t["logprob_small"]},
+        "train": {"tokens": tokens, "time_s": t["train"]},
+        "train_small": {"tokens": small_tokens, "time_s": t["train_small"]},
         # positions and buckets as the cost model counts the shared-prompt forward's
-        "logprob_grpo": {"tokens": grpo_positions, "buckets": grpo_buckets, "time_s":
-                         median_time_s(lambda: compute_logprobs(model, grpo, grpo_mb), reps)},
+        "logprob_grpo": {"tokens": grpo_positions, "buckets": grpo_buckets,
+                         "time_s": t["logprob_grpo"]},
         "train_grpo": {"tokens": grpo_positions, "buckets": grpo_buckets,
-                       "time_s": median_time_s(lambda: grpo_trainer.update(grpo), reps)},
+                       "time_s": t["train_grpo"]},
         Stage.WEIGHT_SYNC: {"params": sum(p.numel() for p in model.parameters()),
-                        "time_s": median_time_s(lambda: engine.load_weights(model.state_dict()), reps)},
+                            "time_s": t[Stage.WEIGHT_SYNC]},
         "memcpy": {"bytes": _MEMCPY_BYTES, "time_s": median_time_s(lambda: dst.copy_(src), reps + 2)},
     }
 
