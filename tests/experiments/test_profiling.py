@@ -88,12 +88,44 @@ def test_nnls_matches_lstsq_and_clamps() -> None:
 
 
 def test_fit_decode_recovers_exact_line() -> None:
-    fit = fit_decode(MODEL, _raw()["decode"])
+    """At two shares every term is recovered; at one the per-sequence overhead cannot be told
+    from the FLOP term (a sequence's dense FLOPs are 2 P), which carries it: same times."""
+    both = [*_raw()["decode"], *({**q, "share": 0.5} for q in _raw(share=0.5)["decode"])]
+    fit = fit_decode(MODEL, both)
     assert fit.overhead_s == pytest.approx(TRUE["overhead"], rel=1e-6)
     assert fit.per_seq_s == pytest.approx(TRUE["per_seq"], rel=1e-6)
     assert 1.0 / fit.s_per_flop == pytest.approx(TRUE["decode"], rel=1e-6)
+    attention = MODEL.attn_flops_per_token_per_ctx() / TRUE["decode"]  # its FLOPs' price
+    assert fit.s_per_ctx_token == pytest.approx(attention, rel=1e-6)
+    one = fit_decode(MODEL, _raw()["decode"])
+    assert one.overhead_s == pytest.approx(TRUE["overhead"], rel=1e-6) and one.per_seq_s == 0.0
+    assert one.s_per_ctx_token == pytest.approx(attention, rel=1e-6)
+    for q in _raw()["decode"]:
+        b, ctx = q["batch"], q["ctx_tokens"]
+        assert one.overhead_s + one.s_per_flop * 2 * MODEL.num_params * b + \
+            one.s_per_ctx_token * ctx == pytest.approx(q["time_s"], rel=1e-6)
     with pytest.raises(ValueError):
         fit_decode(MODEL, _raw()["decode"][:2])
+
+
+def test_the_decode_fit_prices_the_context_beyond_its_flops() -> None:
+    """A CPU whose attention costs more per KV token than its FLOPs: the fit finds that cost
+    (decode_ctx_s_per_token) and the cost model's decode iteration charges it."""
+    extra = 3e-7  # seconds per KV token attended
+    both = [*_raw()["decode"], *({**q, "share": 0.5} for q in _raw(share=0.5)["decode"])]
+    pts = [{**q, "time_s": q["time_s"] + extra * q["ctx_tokens"] / q.get("share", 1.0)}
+           for q in both]
+    fit = fit_decode(MODEL, pts)
+    attention = MODEL.attn_flops_per_token_per_ctx() / TRUE["decode"]
+    assert fit.s_per_ctx_token == pytest.approx(attention + extra, rel=1e-6)
+    assert fit.per_seq_s == pytest.approx(TRUE["per_seq"], rel=1e-6)
+    pts = [q for q in pts if "share" not in q]
+    raw = _raw()
+    raw["decode"] = pts  # one share: the per-sequence overhead rides the FLOP term
+    doc = build_profile(MODEL, ProfileSettings(model="m"), {1: raw}, {"cpu": "Test CPU"})
+    got = doc["fitted"]["params"]["decode_ctx_s_per_token"]
+    assert got == pytest.approx(attention + extra, rel=1e-6)
+    assert max(abs(r["rel_error"]) for r in doc["fitted"]["decode_errors"]) < 1e-6
 
 
 def test_fit_params_recovers_known_costs() -> None:

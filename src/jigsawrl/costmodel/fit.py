@@ -138,35 +138,47 @@ def nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True, slots=True)
 class DecodeFit:
-    """``t = overhead_s + per_seq_s * batch + (2 P batch + A ctx) * s_per_flop``."""
+    """``t = overhead_s + per_seq_s * batch + 2 P batch * s_per_flop + s_per_ctx_token * ctx``
+    (at a share: the last two over it)."""
 
     overhead_s: float
     per_seq_s: float
     s_per_flop: float
+    s_per_ctx_token: float = 0.0
 
 
 def decode_features(model: ModelSpec, batch: float, ctx_tokens: float,
                     share: float = 1.0) -> list[float]:
-    """Columns of the decode fit: 1, batch, decode FLOPs of one iteration over the share."""
-    flops = 2.0 * model.num_params * batch + model.attn_flops_per_token_per_ctx() * ctx_tokens
-    return [1.0, float(batch), flops / share]
+    """Columns of the decode fit: 1, batch, the iteration's dense FLOPs and the KV tokens it
+    attends, both over the share (attention's FLOPs are in the context column's price)."""
+    return [1.0, float(batch), 2.0 * model.num_params * batch / share, ctx_tokens / share]
 
 
 def fit_decode(model: ModelSpec, points: Sequence[dict[str, float]]) -> DecodeFit:
     """Fit the decode line to ``{"batch", "ctx_tokens", "time_s"[, "share"]}`` points.
 
-    As in :class:`CostModel`, only the FLOP term slows on a ``share`` < 1 (default 1); the
-    overheads do not. Relative least squares (each row divided by its time), so that batch-1
-    points in milliseconds weigh as much as batch-64 points in tens of milliseconds.
+    As in :class:`CostModel`, only the FLOP and context terms slow on a ``share`` < 1 (default
+    1); the overheads do not. Relative least squares (each row divided by its time), so that
+    batch-1 points in milliseconds weigh as much as batch-64 points in tens of milliseconds.
+    The context is priced on its own column (``s_per_ctx_token``, which replaces attention's
+    FLOPs at the fitted rate in the cost model): with the FLOPs alone four profiles of this CPU
+    missed their own grid by up to 16-28% (the line too flat in the context), with it by 4-13%
+    (one taken right after boot: 27%), and batch-128 points outside the grid by 1-15% instead of
+    4-35% (docs/BENCHMARKS.md, 2026-12-07). At one share the batch column is the dense FLOPs'
+    twin (2 P per sequence): the per-sequence overhead cannot be told from the FLOP term, which
+    then carries it (points at several shares separate them).
     """
     if len(points) < 3:
         raise ValueError(f"the decode fit needs >= 3 points, got {len(points)}")
     a = np.array([decode_features(model, p["batch"], p["ctx_tokens"], p.get("share", 1.0))
                   for p in points])
     y = np.array([p["time_s"] for p in points])
-    scale = np.diag([1.0, 1e-2, 1e-9])  # condition the columns (s, s/seq, s/GFLOP)
-    x = nnls((a @ scale) / y[:, None], np.ones_like(y)) @ scale
-    return DecodeFit(float(x[0]), float(x[1]), float(x[2]))
+    scale = np.array([1.0, 1e-2, 1e-9, 1e-6])  # condition the columns (s, s/seq, s/GFLOP, s/ktok)
+    rows = (a * scale) / y[:, None]
+    cols = [0, 1, 2, 3] if np.linalg.matrix_rank(rows) == 4 else [0, 2, 3]
+    x = np.zeros(4)
+    x[cols] = nnls(rows[:, cols], np.ones_like(y)) * scale[cols]
+    return DecodeFit(float(x[0]), float(x[1]), float(x[2]), float(x[3]))
 
 
 def prefill_rate(model: ModelSpec, points: Sequence[dict[str, float]], fit: DecodeFit) -> float:
@@ -223,7 +235,7 @@ def fit_params(model: ModelSpec, raw_by_threads: dict[int, dict[str, Any]]) -> d
         "prefill_eff": rates[Stage.PREFILL] / peak, "decode_compute_eff": rates["decode"] / peak,
         "hbm_bw_eff": 1.0, "logprob_eff": rates["logprob"] / peak,
         "train_eff": rates["train"] / peak, "iter_overhead_s": fit.overhead_s,
-        "iter_overhead_per_seq_s": fit.per_seq_s,
+        "iter_overhead_per_seq_s": fit.per_seq_s, "decode_ctx_s_per_token": fit.s_per_ctx_token,
         "weight_sync_overhead_s": max(raw[Stage.WEIGHT_SYNC]["time_s"] - load, 0.0),
         "logprob_overhead_s": lp_over, "train_overhead_s": tr_over,
         "train_pads_rows": True,  # the trainer profiled here pads each micro-batch's rows

@@ -51,6 +51,7 @@ OPTIONAL_PARAM_KEYS: tuple[str, ...] = (
     "reward_s_per_sample", "reward_overhead_s", "call_overhead_s", "worker_link_bytes_per_s",
     "worker_link_latency_s", "state_onload_s", "state_offload_s", "rollout_setup_s",
     "stage_gap_s", "host_slots", "host_load_slots", "weight_sync_s",
+    "decode_ctx_s_per_token",
     # the shared-prompt forward's extra calls, from a GRPO-shaped pass
     "bucket_overhead_tokens")
 # Facts about the profiled engine (true/false), also absent from older files (default False).

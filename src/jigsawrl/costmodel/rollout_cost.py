@@ -87,8 +87,11 @@ class RolloutCosts(CostCore):
         """What of the decode lines depends on the model, TP and share only: a replay of a
         rollout asks for the lines on every segment, so they are worked out once per key."""
         check_share(share)
+        # attention's price per KV token, in FLOPs at the decode rate: its FLOPs, or what a
+        # profile measured it to cost (CostParams.decode_ctx_s_per_token; 0 on a GPU)
+        ctx_s = self.params.decode_ctx_s_per_token
         return (model, self._decode_rate * share * tp, self._bw(share),
-                model.attn_flops_per_token_per_ctx(),
+                ctx_s * self._decode_rate if ctx_s > 0 else model.attn_flops_per_token_per_ctx(),
                 kv_bytes_per_token_per_device(model, tp) * self._kv_scale,
                 model.weight_bytes() / tp, self._eager_per_layer * model.num_layers)
 

@@ -190,6 +190,14 @@ class CostParams:
     # (mean ~9) over the demo's 104 syncs, 9.5-25 ms in five probe runs (its short steps keep
     # the driver busier), where the model charged 28-34 ms.
     weight_sync_s: float = 0.0
+    # Seconds per KV token attended in one decode iteration, at a whole device (over share x
+    # TP, as the FLOPs): > 0 replaces the price of attention's FLOPs at the decode rate. On a
+    # CPU attention over the cache is bound by memory and small ops, ~0.22-0.29 us a token at
+    # 1M parameters in four profiles of this 2-core VM, where its FLOPs priced the decode line
+    # so flat in the context that the profile's own grid missed by up to 28% (+27% at batch 64
+    # over 16-token prompts, -22% over 192-token ones). `jigsawrl profile` fits it beside the
+    # other decode terms; 0 = the GPU presets (their KV reads are in the memory line).
+    decode_ctx_s_per_token: float = 0.0
     # A CPU host shared by its devices' workers and by what else a run keeps busy there (the
     # driver's decisions and Ray waits, Ray's daemons, reward workers): ``host_slots`` is how
     # many devices of one node (``devices_per_node``) compute at full speed at once (its cores
@@ -237,6 +245,7 @@ class CostParams:
         for name in ("eager_iter_overhead_s_per_layer", "reward_s_per_sample",
                      "reward_overhead_s", "state_onload_s", "state_offload_s",
                      "serial_slice_s", "rollout_setup_s", "stage_gap_s", "weight_sync_s",
+                     "decode_ctx_s_per_token",
                      "bucket_overhead_tokens", "host_slots", "host_load_slots"):
             if not getattr(self, name) >= 0.0:
                 raise ValueError(f"CostParams.{name} must be >= 0, got {getattr(self, name)}")

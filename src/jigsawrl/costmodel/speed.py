@@ -29,7 +29,7 @@ MACHINE_TIMES: tuple[str, ...] = (
     "allreduce_latency_s", "collective_step_latency_s", "weight_sync_overhead_s",
     "logprob_overhead_s", "train_overhead_s", "call_overhead_s", "worker_link_latency_s",
     "state_onload_s", "state_offload_s", "rollout_setup_s", "stage_gap_s",
-    "weight_sync_s",
+    "weight_sync_s", "decode_ctx_s_per_token",
     "host_transfer_latency_s", "reward_s_per_sample", "reward_overhead_s")
 MACHINE_RATES: tuple[str, ...] = ("worker_link_bytes_per_s", "offload_bytes_per_s")
 # CostParams times that are not the machine's speed (tests check every ``*_s`` field is named).
