@@ -27,9 +27,13 @@ Why: DESIGN.md §6 asks every cost-model constant to come from a datasheet or a 
 ``workload/realpresets.py``'s CPU numbers are guesses. The fit keeps the cost model's formulas
 (not a lookup table), so that the simulator can extrapolate to batches it never measured:
 
-- decode iteration ``t = k0 + k_seq * batch + (2 P batch + A ctx) / R_decode``: non-negative
-  least squares on the three coefficients (``P`` parameters, ``A`` attention FLOPs per token and
-  context token); ``k0`` is ``iter_overhead_s``, ``k_seq`` is ``iter_overhead_per_seq_s``;
+- decode iteration ``t = k0 + k_seq * batch + 2 P batch / R_decode + c_ctx * ctx``:
+  non-negative least squares on the four coefficients (``P`` parameters, ``ctx`` the KV tokens
+  attended); ``k0`` is ``iter_overhead_s``, ``k_seq`` ``iter_overhead_per_seq_s``, ``c_ctx``
+  ``decode_ctx_s_per_token`` (attention's measured price, in place of its FLOPs at
+  ``R_decode``); at one thread count ``k_seq`` is 0 and the FLOP term carries it;
+- the log-prob, update and weight-sync points are timed in rounds, every point once a round
+  (as the decode grid), so that a slow spell hits one round of each rather than one point;
 - prefill, log-prob and train times become effective FLOP rates (``2P`` per token forward,
   ``6P`` forward + backward; the model's fixed and memory terms subtracted first);
 - ``peak_flops`` is the largest of the rates, each stage's efficiency its rate over that peak;
