@@ -192,7 +192,7 @@ class CostParams:
     weight_sync_s: float = 0.0
     # Seconds per KV token attended in one decode iteration, at a whole device (over share x
     # TP, as the FLOPs): > 0 replaces the price of attention's FLOPs at the decode rate. On a
-    # CPU attention over the cache is bound by memory and small ops, ~0.22-0.29 us a token at
+    # CPU attention over the cache is bound by memory and small ops, ~0.28-0.31 us a token at
     # 1M parameters in four profiles of this 2-core VM, where its FLOPs priced the decode line
     # so flat in the context that the profile's own grid missed by up to 28% (+27% at batch 64
     # over 16-token prompts, -22% over 192-token ones). `jigsawrl profile` fits it beside the

@@ -143,10 +143,6 @@ def observed_requests(events: Iterable[Event], cfg: ExperimentConfig, *,
         events: the real run's events (only ``SampleFinished`` is read).
         cfg: its config (tool latency, task of each pipeline).
         tool_tokens: pipeline -> tokens per tool result (default: :func:`tool_result_tokens`).
-        replays: replays under the run's call-time scatter that give each prediction its
-            range (:mod:`~jigsawrl.experiments.replay_spread`); 0: none. The prediction itself,
-            the per-stage comparison and the speed-adjusted prediction are the noise-free
-            replay's.
 
     Raises:
         InputError: an event names a pipeline the config does not have.
@@ -482,6 +478,10 @@ def calibrate(cfg: ExperimentConfig, events: Sequence[Event], policy: str, *,
         exp: the resolved experiment (default: ``experiments.resolve.resolve_real(cfg)``; tests pass one to
             stay torch-free).
         tool_tokens: pipeline -> tokens per tool result (default: :func:`tool_result_tokens`).
+        replays: replays under the run's call-time scatter that give each prediction its
+            range (:mod:`~jigsawrl.experiments.replay_spread`); 0: none. The prediction itself,
+            the per-stage comparison and the speed-adjusted prediction are the noise-free
+            replay's.
 
     Raises:
         InputError: an unreadable profile, or events that do not match the config.
