@@ -329,3 +329,38 @@ def test_a_rollout_on_current_weights_goes_before_another_pipelines_stale_one() 
     d = pol.decide(st.view(0.0, make_cost(exp)))
     starts = [(a.pipeline, a.step) for a in d.actions if isinstance(a, StartRollout)]
     assert starts[:2] in ([("p0", 0), ("p1", 0)], [("p1", 0), ("p0", 0)])
+
+
+def test_a_short_pass_runs_before_a_long_one_on_its_device_when_asked() -> None:
+    """``short_first``: a ready pass predicted at most that fraction of the chosen pass's time,
+    wanting one of its devices, runs first (the demo's 0.06 s old log-prob had waited 1.2 s
+    behind another pipeline's update); a pass on other devices or not short enough does not;
+    0 (the default) leaves the look-ahead's choice alone."""
+    from types import SimpleNamespace
+
+    from jigsawrl.errors import ConfigError
+    from jigsawrl.scheduler.jigsaw.lookahead import LookAhead
+    from jigsawrl.scheduler.jigsaw.params import JigsawParams
+
+    seconds = {"long": 1.2, "short": 0.06, "other": 0.05, "mid": 0.3}
+    preds = SimpleNamespace(ensure=lambda view, pv, step: SimpleNamespace(
+        stages_s={Stage.OLD_LOGPROB: seconds[pv.name]}))
+
+    def cand(name: str, devices: tuple[int, ...]) -> tuple:
+        return (SimpleNamespace(name=name), 0, Stage.OLD_LOGPROB, devices)
+
+    long, short, other, mid = (cand("long", (0,)), cand("short", (0, 1)), cand("other", (1,)),
+                               cand("mid", (0,)))
+    board = SimpleNamespace(any_memory=lambda: False)
+    view = SimpleNamespace(cost=SimpleNamespace(params=SimpleNamespace(serial_slice_s=0.2)))
+    for fraction, cands, want in ((0.1, [long, mid, short, other], short),
+                                  (0.1, [long, mid, other], long),  # mid 25%, other elsewhere
+                                  (0.3, [long, mid, other], mid),
+                                  (0.0, [long, mid, short], long)):
+        la = LookAhead(0, preds, fraction)  # type: ignore[arg-type]
+        assert la.choose(view, board, cands) is want, (fraction, want[0].name)  # type: ignore[arg-type]
+    assert JigsawParams().short_first == 0.0
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ConfigError, match="short_first"):
+            JigsawParams(short_first=bad)
+    assert JigsawPolicy(short_first=0.1).lookahead.short_first == 0.1

@@ -57,9 +57,11 @@ class LookAheadStats:
 class LookAhead:
     """Scores the options of a decision by forecast (module docstring)."""
 
-    def __init__(self, depth: int, predictions: StepPredictions) -> None:
+    def __init__(self, depth: int, predictions: StepPredictions,
+                 short_first: float = 0.0) -> None:
         self.depth = depth
         self.predictions = predictions
+        self.short_first = short_first
         self.stats = LookAheadStats()
 
     def choose(self, view: View, b: Board, cands: list[Candidate]) -> Candidate | None:
@@ -74,7 +76,7 @@ class LookAhead:
         self.stats.decisions += 1
         self.stats.with_choice += len(options) >= 2
         if self.depth == 0:
-            return cands[0]
+            return self._shorter_first(view, cands, cands[0])
         names = [c[0].name for c in cands]
         scores = [self._score(view, b, opt, names) for opt in options]
         i = min(range(len(cands)), key=lambda k: scores[k])
@@ -84,7 +86,22 @@ class LookAhead:
         if best is not cands[0]:  # greedy (depth 0) takes the first candidate
             self.stats.differed += 1
             self.stats.deferred += best is None
-        return best
+        return best if best is None else self._shorter_first(view, cands, best)
+
+    def _shorter_first(self, view: View, cands: list[Candidate], best: Candidate) -> Candidate:
+        """With ``short_first`` > 0, the shortest ready pass wanting one of ``best``'s devices
+        whose predicted time is at most that fraction of ``best``'s: it runs first and delays
+        ``best`` by that little (``JigsawParams.short_first``); else ``best``."""
+        if self.short_first <= 0:
+            return best
+        took = self._pass_s(view, best)
+        short = [c for c in cands if c is not best and set(c[3]) & set(best[3])
+                 and self._pass_s(view, c) <= self.short_first * took]
+        return min(short, key=lambda c: self._pass_s(view, c)) if short else best
+
+    def _pass_s(self, view: View, c: Candidate) -> float:
+        """The predicted seconds of candidate ``c``'s pass."""
+        return self.predictions.ensure(view, c[0], c[1]).stages_s.get(c[2], 0.0)
 
     def _score(self, view: View, b: Board, opt: Candidate | None, names: list[str]) -> float:
         st = self._forecast_state(view, b)

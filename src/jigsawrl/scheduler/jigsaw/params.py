@@ -59,6 +59,9 @@ class JigsawParams:
             the pipelines finishing sooner on average (``policy.TIE``; only with
             ``max_colocated`` 1 and where the executor forms TP groups of any width; off: the
             ablation, one engine per device unless ``max_colocated`` says otherwise).
+        short_first: a ready pass predicted to take at most this fraction of the pass the
+            look-ahead chose, on one of its devices, runs first (a short step's pass no longer
+            waits a whole update; :meth:`~.lookahead.LookAhead.choose`); 0 (default): off.
 
     Raises:
         ConfigError: a depth below 0, or a count below 1.
@@ -80,6 +83,7 @@ class JigsawParams:
     tail_logprobs: bool = False
     spread: bool = True
     colocate: bool = True
+    short_first: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -88,6 +92,10 @@ class JigsawParams:
                 raise ConfigError(f"scheduler parameter {f.name!r} must be {_KIND[f.type]}, "
                                   f"got {value!r}", where=f"scheduler.params.{f.name}",
                                   fix=f"set it to {_KIND[f.type]} (default {f.default!r})")
+        if not 0.0 <= self.short_first < 1.0:
+            raise ConfigError(f"short_first must be in [0, 1), got {self.short_first}",
+                              where="scheduler.params.short_first",
+                              fix="a fraction such as 0.1, or 0 to turn it off")
         if (self.depth < 0 or self.max_colocated < 1 or self.tail_batch < 1
                 or self.max_train_states < 1):
             raise ConfigError("depth >= 0, max_colocated >= 1, tail_batch >= 1 and "

@@ -82,19 +82,8 @@ class JigsawPolicy(PolicyBase):
 
     wants_rank_progress = True
 
-    def __init__(self, depth: int = 2, migration: bool = True, dynamic_shares: bool = True,
-                 max_colocated: int = 1, tail_requests: int = 128, tail_batch: int = 64,
-                 history_window: int = 3, min_rollout_fraction: float = 0.5,
-                 max_train_states: int = 1, plan_widths: bool = True, fallback: bool = True,
-                 tail_tp: bool = True, tp_search: bool = True, tail_logprobs: bool = False,
-                 spread: bool = True, colocate: bool = True, name: str = "jigsaw") -> None:
-        self.params = JigsawParams(
-            depth=depth, migration=migration, dynamic_shares=dynamic_shares,
-            max_colocated=max_colocated, tail_requests=tail_requests, tail_batch=tail_batch,
-            history_window=history_window, min_rollout_fraction=min_rollout_fraction,
-            max_train_states=max_train_states, plan_widths=plan_widths, fallback=fallback,
-            tail_tp=tail_tp, tp_search=tp_search, tail_logprobs=tail_logprobs, spread=spread,
-            colocate=colocate)
+    def __init__(self, name: str = "jigsaw", **params: Any) -> None:
+        self.params = JigsawParams(**params)  # every parameter, its default and its check
         self.name = name
         self.tp: TPChoice | None = None  # the rollout TPs searched at the first decision
         # the co-location search's predictions: engines per device -> (latency bounds' excess,
@@ -116,7 +105,7 @@ class JigsawPolicy(PolicyBase):
         self.jobs = Background()  # replans and replays left off the decision path
         self.planner = WidthPlanner(self.params, self.residency, self.jobs)
         self.placement = Placement(self.params, self.residency, self.predictions, self.planner)
-        self.lookahead = LookAhead(self.params.depth, self.predictions)
+        self.lookahead = LookAhead(self.params.depth, self.predictions, self.params.short_first)
         self.tail = TailMigration(self.params, self.residency, self.predictions)
         self.spread = TailSpread(self.params, self.residency, self.planner, self.predictions)
         self.shares = ShareAssigner(self.params.dynamic_shares, self.predictions.urgency)
