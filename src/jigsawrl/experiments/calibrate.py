@@ -501,15 +501,15 @@ def calibrate(cfg: ExperimentConfig, events: Sequence[Event], policy: str, *,
     # the belief the real run's policy had (its summary names the profile; None: the preset)
     belief = real_belief(exp, measured.get("belief_profile"))
     sim_summary, sim_events = simulate_replay(replay, policy, truth, belief=belief)
-    pool, pipes = compare_summaries(measured, sim_summary)
+    sigma = call_noise_sigma(events, sim_events) if replays > 0 else None
+    runs = [] if not sigma else replays_under_noise(
+        lambda noisy_truth: simulate_replay(replay, policy, noisy_truth, belief=belief)[0],
+        truth, sigma, replays)
+    pool, pipes = (compare_replays(measured, sim_summary, runs) if runs
+                   else compare_summaries(measured, sim_summary))
     cal = Calibration(policy, truth.accel.source, pool, pipes, sim_summary, sim_events, notes,
                       compare_stages(events, sim_events), replay_bound(replay, truth, notes))
-    sigma = call_noise_sigma(events, sim_events) if replays > 0 else None
-    if sigma:
-        runs = replays_under_noise(
-            lambda noisy_truth: simulate_replay(replay, policy, noisy_truth, belief=belief)[0],
-            truth, sigma, replays)
-        cal.pool, cal.pipelines = compare_replays(measured, sim_summary, runs)
+    if runs:
         cal.noise_sigma, cal.replays = sigma, replays
     factor = speed_factor(profile, measured)
     if factor is not None:

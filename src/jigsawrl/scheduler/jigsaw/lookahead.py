@@ -94,10 +94,10 @@ class LookAhead:
         ``best`` by that little (``JigsawParams.short_first``); else ``best``."""
         if self.short_first <= 0:
             return best
-        took = self._pass_s(view, best)
-        short = [c for c in cands if c is not best and set(c[3]) & set(best[3])
-                 and self._pass_s(view, c) <= self.short_first * took]
-        return min(short, key=lambda c: self._pass_s(view, c)) if short else best
+        limit = self.short_first * self._pass_s(view, best)
+        short = [(s, i) for i, c in enumerate(cands) if c is not best and set(c[3]) & set(best[3])
+                 and (s := self._pass_s(view, c)) <= limit]
+        return cands[min(short)[1]] if short else best
 
     def _pass_s(self, view: View, c: Candidate) -> float:
         """The predicted seconds of candidate ``c``'s pass."""
